@@ -1,0 +1,28 @@
+# efim-local. `make run` sets up everything and runs a real completion; `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+run: setup
+	$(VENV)/bin/efim complete examples/fib.py --line 5 --column 9 --max-tokens 24
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) scripts/bench_rounds.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

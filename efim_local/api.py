@@ -1,0 +1,15 @@
+"""High-level entry points for tools that embed efim-local."""
+
+from __future__ import annotations
+
+from .config import Config, load
+from .engine import Completion, CompletionRequest, Engine
+from .models import resolve_model
+
+__all__ = ["open_engine", "Engine", "Completion", "CompletionRequest", "Config"]
+
+
+def open_engine(cfg: Config | None = None) -> Engine:
+    """Load the configured (or default) model and return an Engine; use it as a context manager."""
+    cfg = cfg or load()
+    return Engine(cfg, resolve_model(cfg))

@@ -1,0 +1,41 @@
+"""Loads llama_cpp once, initialises the backend and routes its log to Python logging."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+
+import llama_cpp as lib
+
+log = logging.getLogger("efim.llama")
+log.setLevel(logging.ERROR)  # llama.cpp is chatty; lower this to debug it
+_lock = threading.Lock()
+_ready = False
+
+# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
+_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+
+
+@lib.llama_log_callback
+def _log_cb(level, text, _user):  # pragma: no cover - called from C
+    if text and log.isEnabledFor(_LEVELS.get(level, logging.DEBUG)):
+        log.log(_LEVELS.get(level, logging.DEBUG), text.decode("utf-8", "replace").rstrip())
+
+
+def ensure_backend() -> None:
+    """Initialise llama.cpp's backend once per process (idempotent, thread-safe)."""
+    global _ready
+    with _lock:
+        if not _ready:
+            lib.llama_log_set(_log_cb, ctypes.c_void_p(0))
+            lib.llama_backend_init()
+            _ready = True
+
+
+def library_path() -> str:
+    """Path of the shared library actually loaded (honours LLAMA_CPP_LIB_PATH)."""
+    try:
+        return str(lib.llama_cpp._lib._name)  # type: ignore[attr-defined]
+    except AttributeError:
+        return "unknown"

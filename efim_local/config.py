@@ -1,0 +1,70 @@
+"""Configuration: dataclasses, a TOML file, environment variables."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from .backend import ContextParams
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def config_home() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "efim"
+
+
+def cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "efim"
+
+
+def state_home() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "efim"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the engine needs; each field can be set in config.toml."""
+
+    model: str | None = None  # GGUF path; None: the bundled default model
+    layout: str | None = None  # "efim" | "fim"; None: efim for fragment-trained models, else fim
+    fim_family: str | None = None  # force a family template (qwen, deepseek, starcoder, ...)
+    fim_template: str | None = None  # text markers "PRE,SUF,MID[,psm|spm]" for models without FIM tokens
+    fim_order: str | None = None  # "psm" | "spm"; None: the template's own
+    max_tokens: int = 64
+    max_middle_tokens: int = 96
+    context: ContextParams = field(default_factory=ContextParams)
+    n_gpu_layers: int = 0
+    main_gpu: int = 0
+
+    def with_overrides(self, **kw) -> "Config":
+        ctx_names = {f.name for f in fields(ContextParams)}
+        ctx_kw = {k: v for k, v in kw.items() if k in ctx_names and v is not None}
+        top = {k: v for k, v in kw.items() if k not in ctx_names and v is not None}
+        unknown = set(top) - {f.name for f in fields(Config)}
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        return replace(self, context=replace(self.context, **ctx_kw), **top)
+
+
+def load(path: str | Path | None = None) -> Config:
+    """Read config.toml (``EFIM_CONFIG`` or the XDG default), then ``EFIM_MODEL``."""
+    path = Path(path or os.environ.get("EFIM_CONFIG") or config_home() / "config.toml")
+    cfg = Config()
+    if path.is_file():
+        try:
+            data = tomllib.loads(path.read_text("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: {e}") from None
+        flat = dict(data.pop("context", {}), **data)
+        try:
+            cfg = cfg.with_overrides(**flat)
+        except TypeError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    if os.environ.get("EFIM_MODEL"):
+        cfg = replace(cfg, model=os.environ["EFIM_MODEL"])
+    return cfg

@@ -1,0 +1,92 @@
+"""Turning generated tokens into text: partial UTF-8, stop strings, line limits."""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StopRules:
+    max_tokens: int = 64
+    stop_at_newline: bool = False  # stop at the end of the first non-empty line
+    max_lines: int | None = None  # stop after this many lines
+    stop_strings: tuple[str, ...] = ()
+
+
+class TextStream:
+    """Feeds token bytes, yields safe-to-show text, and decides when to stop.
+
+    Text that could still be the start of a stop string is held back, and so
+    are incomplete UTF-8 sequences.
+    """
+
+    def __init__(self, rules: StopRules):
+        self.rules = rules
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""  # final, emitted text
+        self._pending = ""  # decoded but held back
+        self.stop_reason: str | None = None
+
+    def feed(self, piece: bytes) -> str:
+        """Add one token's bytes; return the newly emitted text."""
+        if self.stop_reason:
+            return ""
+        self._pending += self._dec.decode(piece)
+        return self._scan(final=False)
+
+    def finish(self) -> str:
+        self._pending += self._dec.decode(b"", final=True)
+        return self._scan(final=True)
+
+    def _scan(self, final: bool) -> str:
+        buf = self.text + self._pending
+        cut = None
+        for s in self.rules.stop_strings:
+            i = buf.find(s, len(self.text) - len(s) + 1 if len(self.text) >= len(s) else 0)
+            if i >= 0 and (cut is None or i < cut):
+                cut, reason = i, "stop_string"
+        n_lines = self.rules.max_lines or (1 if self.rules.stop_at_newline else None)
+        if n_lines:
+            i = _nth_line_end(buf, n_lines)
+            if i is not None and (cut is None or i < cut):
+                cut, reason = i, "newline" if self.rules.stop_at_newline and not self.rules.max_lines else "max_lines"
+        if cut is not None:
+            self.stop_reason = reason
+            out = buf[len(self.text):cut] if cut >= len(self.text) else ""
+            self.text = buf[:max(cut, len(self.text))]
+            self._pending = ""
+            return out
+        hold = 0 if final else _held_back(buf, self.rules.stop_strings)
+        keep = len(buf) - hold
+        out = buf[len(self.text):keep] if keep > len(self.text) else ""
+        self.text = buf[:max(keep, len(self.text))]
+        self._pending = buf[len(self.text):]
+        return out
+
+
+def _nth_line_end(buf: str, n: int) -> int | None:
+    """Index of the newline ending the n-th non-empty line of ``buf``."""
+    start = 0
+    if buf.strip(" \t\r\n") == "":
+        return None
+    # Leading newlines (a completion that starts on the next line) do not count.
+    while start < len(buf) and buf[start] in "\r\n":
+        start += 1
+    i = start - 1
+    for _ in range(n):
+        i = buf.find("\n", i + 1)
+        if i < 0:
+            return None
+    return i
+
+
+def _held_back(buf: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of ``buf`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(buf)), best, -1):
+            if buf.endswith(s[:k]):
+                best = k
+                break
+    return best
