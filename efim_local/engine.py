@@ -107,7 +107,10 @@ class Engine:
     # -- public API -----------------------------------------------------------
     def plan(self, req: CompletionRequest) -> Plan:
         session = self.sessions.setdefault(req.path, FileSession(layout=self.default_layout))
-        return self.planner.plan(session, req.text, req.cursor, req.layout)
+        return self.planner.plan(session, req.text, req.cursor, req.layout, reserve=self._max_tokens(req))
+
+    def _max_tokens(self, req: CompletionRequest) -> int:
+        return req.max_tokens if req.max_tokens is not None else self.config.max_tokens
 
     def complete(self, req: CompletionRequest) -> Completion:
         t0 = time.perf_counter()
@@ -131,7 +134,7 @@ class Engine:
             n_common = 0
         evaluated = self._prefill(slot, prompt, n_common)
         counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
-        max_tokens = req.max_tokens if req.max_tokens is not None else self.config.max_tokens
+        max_tokens = self._max_tokens(req)
         room = self.n_ctx_seq - len(prompt)
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=req.stop_at_newline,
                           max_lines=req.max_lines, stop_strings=self.template.stop_strings)

@@ -103,7 +103,10 @@ class Planner:
     markers: Markers
     limits: PlannerLimits = field(default_factory=PlannerLimits)
 
-    def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None) -> Plan:
+    def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None,
+             reserve: int | None = None) -> Plan:
+        """Plan a request; ``reserve`` is the room kept for output (default: the limits')."""
+        reserve = self.limits.reserve_tokens if reserve is None else reserve
         if not 0 <= cursor <= len(text):
             raise PlanError(f"cursor {cursor} is outside the document (0..{len(text)})")
         layout = layout or session.layout
@@ -117,10 +120,10 @@ class Planner:
             middle = tuple(self.tokenize(middle_text))
             if len(middle) > self.limits.max_middle_tokens:
                 reason = MIDDLE_TOO_LONG
-            elif self._total(anchor.prefix_tokens, anchor.suffix_tokens, middle) > self.limits.n_ctx:
+            elif self._total(anchor.prefix_tokens, anchor.suffix_tokens, middle, reserve) > self.limits.n_ctx:
                 reason = CONTEXT_OVERFLOW
         if reason is not None:
-            anchor = self._anchor(text, cursor)
+            anchor = self._anchor(text, cursor, reserve)
             session.anchor = anchor
             session.reanchors += 1
             middle_text = text[anchor.offset:cursor]
@@ -151,10 +154,10 @@ class Planner:
             return (*m.bos, *m.suf, *suffix, *head[len(m.bos):], *m.mid, *tail)
         return (*head, *m.suf, *suffix, *m.mid, *tail)
 
-    def _total(self, prefix: Sequence[int], suffix: Sequence[int], middle: Sequence[int]) -> int:
+    def _total(self, prefix: Sequence[int], suffix: Sequence[int], middle: Sequence[int], reserve: int) -> int:
         m = self.markers
         fixed = len(m.bos) + len(m.pre) + len(m.suf) + len(m.mid)
-        return fixed + len(prefix) + len(suffix) + len(middle) + self.limits.reserve_tokens
+        return fixed + len(prefix) + len(suffix) + len(middle) + reserve
 
     @staticmethod
     def _keep_or_reason(session: FileSession, text: str, cursor: int, layout: str) -> str | None:
@@ -172,7 +175,7 @@ class Planner:
             return SUFFIX_CHANGED
         return None
 
-    def _anchor(self, text: str, cursor: int) -> Anchor:
+    def _anchor(self, text: str, cursor: int, reserve: int) -> Anchor:
         offset = line_start(text, cursor)
         middle = self.tokenize(text[offset:cursor])
         if len(middle) > self.limits.max_middle_tokens:
@@ -182,7 +185,7 @@ class Planner:
         prefix = self.tokenize(prefix_text)
         suffix = self.tokenize(suffix_text)
         # Leave room for the middle to grow to its limit before re-anchoring.
-        budget = self.limits.n_ctx - self._total((), (), ()) - self.limits.max_middle_tokens
+        budget = self.limits.n_ctx - self._total((), (), (), reserve) - self.limits.max_middle_tokens
         if budget < 16:
             raise PlanError(f"context of {self.limits.n_ctx} tokens is too small for this request")
         over = len(prefix) + len(suffix) - budget

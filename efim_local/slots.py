@@ -32,22 +32,23 @@ class Slot:
 
 
 class SlotManager:
-    """Chooses the slot with the longest common token prefix, then the least recently used."""
+    """Chooses the slot with the longest common token prefix, then the least recently used.
 
-    def __init__(self, n_slots: int):
+    A match shorter than ``min_reuse`` tokens (say, just the FIM marker) is
+    not worth evicting another file's KV for: an empty or the least recently
+    used slot is taken instead.
+    """
+
+    def __init__(self, n_slots: int, min_reuse: int = 16):
         self.slots = [Slot(seq=i) for i in range(n_slots)]
+        self.min_reuse = min_reuse
 
-    def pick(self, tokens: np.ndarray, exclude: set[int] = frozenset()) -> tuple[Slot, int]:
-        best, best_n = None, -1
-        for slot in self.slots:  # a handful of slots, each compared with numpy
-            if slot.seq in exclude:
-                continue
-            n = common_prefix(slot.tokens, tokens)
-            if n > best_n or (n == best_n and slot.last_used < best.last_used):
-                best, best_n = slot, n
-        if best is None:
-            raise RuntimeError("no free slot")
-        return best, best_n
+    def pick(self, tokens: np.ndarray) -> tuple[Slot, int]:
+        scored = [(common_prefix(s.tokens, tokens), s) for s in self.slots]  # numpy per slot
+        n, slot = max(scored, key=lambda x: (x[0], -x[1].last_used))
+        if n < min(self.min_reuse, len(tokens)):
+            n, slot = min(scored, key=lambda x: (len(x[1].tokens) > 0, x[1].last_used))
+        return slot, n
 
     def lru(self, exclude: set[int]) -> Slot | None:
         cands = [s for s in self.slots if s.seq not in exclude and len(s.tokens)]

@@ -1,0 +1,77 @@
+"""`efim complete` end to end, in a subprocess, on the tiny GGUF."""
+
+import json
+
+import pytest
+
+from .conftest import efim_cli
+
+DOC = "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture
+def src(tmp_path):
+    p = tmp_path / "add.py"
+    p.write_text(DOC)
+    return p
+
+
+def test_complete_json(src, tiny_model):
+    r = efim_cli("complete", str(src), "--line", "2", "--column", "12", "--model", str(tiny_model),
+                 "--json", "--max-tokens", "5")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"text", "stop_reason", "layout", "tokens", "timings"}
+    assert set(out["tokens"]) == {"prompt", "cached", "evaluated", "generated"}
+    assert set(out["timings"]) == {"prompt_ms", "predict_ms", "total_ms"}
+    assert out["tokens"]["generated"] <= 5 and out["layout"] == "fim"
+    assert r.stderr == b""
+
+
+def test_complete_stdin_matches_file(src, tiny_model):
+    args = ["--line", "2", "--column", "5", "--model", str(tiny_model), "--json", "--max-tokens", "6"]
+    a = json.loads(efim_cli("complete", str(src), *args).stdout)
+    b = json.loads(efim_cli("complete", "named.py", "--stdin", *args, input=DOC.encode()).stdout)
+    assert a["text"] == b["text"]
+
+
+def test_model_from_env(src, tiny_model):
+    r = efim_cli("complete", str(src), "-l", "1", "-c", "1", "--max-tokens", "2", env={"EFIM_MODEL": str(tiny_model)})
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["missing.py", "-l", "1", "-c", "1"], "file not found"),
+    (["{src}", "-l", "99", "-c", "1"], "past the end of the document"),
+    (["{src}", "-l", "1", "-c", "200"], "past the end of line 1"),
+    (["{bin}", "-l", "1", "-c", "1"], "not valid UTF-8"),
+    (["{src}", "-l", "1", "-c", "1", "--model", "{src}"], "not a GGUF model file"),
+    (["{src}", "-l", "1", "-c", "1", "--model", "nope.gguf"], "model file not found"),
+    (["{src}", "-l", "1", "-c", "1", "--model", "{nofim}"], "model has no FIM tokens"),
+    (["{src}", "-l", "1", "-c", "1", "--fim-family", "nosuch"], "unknown FIM family"),
+    (["{src}", "-l", "1", "-c", "1", "--fim-family", "deepseek"], "no deepseek FIM tokens"),
+    (["{src}", "-l", "1", "-c", "1", "--fim-template", "onlyone"], "a text template is"),
+])
+def test_bad_input_is_one_line_and_exit_2(src, tmp_path, tiny_model, tiny_model_nofim, args, message):
+    binf = tmp_path / "bin.py"
+    binf.write_bytes(b"x = '\xff\xfe'\n")
+    fill = {"src": str(src), "bin": str(binf), "nofim": str(tiny_model_nofim)}
+    args = [a.format(**fill) for a in args]
+    if "--model" not in args:
+        args += ["--model", str(tiny_model)]
+    r = efim_cli("complete", *args)
+    assert r.returncode == 2
+    err = r.stderr.decode()
+    assert err.count("\n") == 1 and err.startswith("efim: error:") and message in err, err
+
+
+def test_text_template_for_model_without_fim_tokens(src, tiny_model_nofim):
+    r = efim_cli("complete", str(src), "-l", "2", "-c", "5", "--model", str(tiny_model_nofim),
+                 "--fim-template", "<PRE>,<SUF>,<MID>", "--json", "--max-tokens", "4")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"]["prompt"] > 10
+
+
+def test_help_has_examples():
+    r = efim_cli("complete", "--help")
+    assert r.returncode == 0 and b"Example" in r.stdout

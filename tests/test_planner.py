@@ -1,0 +1,106 @@
+"""Planner properties, with the real tokenizer of the tiny GGUF."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from efim_local import planner as P
+from efim_local.planner import FileSession, Markers, Planner, PlannerLimits
+
+MARK = Markers(pre=(1,), suf=(2,), mid=(3,))
+ALPHABET = st.sampled_from(list("abc XYZ_()=:.,\t\n\r") + ["é", "λ", "日本", "🙂", "def ", "    ", "\r\n"])
+docs = st.lists(ALPHABET, max_size=60).map("".join)
+
+
+def make(model, **limits) -> Planner:
+    return Planner(model.tokenize, MARK, PlannerLimits(**({"n_ctx": 4096} | limits)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=docs, data=st.data(), layout=st.sampled_from(P.LAYOUTS), order=st.sampled_from(["psm", "spm"]))
+def test_plan_is_pieces_tokenized_separately(model, doc, data, layout, order):
+    cursor = data.draw(st.integers(0, len(doc)))
+    pl = Planner(model.tokenize, Markers((1,), (2,), (3,), order), PlannerLimits(n_ctx=4096))
+    plan = pl.plan(FileSession(), doc, cursor, layout)
+    anchor = P.line_start(doc, cursor)
+    pre, mid, suf = (tuple(model.tokenize(t)) for t in (doc[:anchor], doc[anchor:cursor], doc[cursor:]))
+    if order == "psm":
+        want = (1, *pre, 2, *suf, 3, *mid) if layout == "efim" else (1, *pre, *mid, 2, *suf, 3)
+    else:
+        want = (2, *suf, 1, *pre, 3, *mid) if layout == "efim" else (2, *suf, 1, *pre, *mid, 3)
+    assert plan.tokens == want
+    assert plan.middle_text == doc[anchor:cursor]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=docs, data=st.data(), typed=st.lists(st.sampled_from(list("ab _(\tλ🙂")), min_size=1, max_size=8))
+def test_typing_forward_keeps_anchor_and_prefix(model, doc, data, typed):
+    cursor = data.draw(st.integers(0, len(doc)))
+    pl, s = make(model), FileSession()
+    first = pl.plan(s, doc, cursor, "efim")
+    for ch in typed:
+        doc, cursor = doc[:cursor] + ch + doc[cursor:], cursor + len(ch)
+        plan = pl.plan(s, doc, cursor, "efim")
+        assert plan.reanchor is None
+        # Everything up to the middle is the same tokens as before: fully cacheable.
+        head = len(first.tokens) - len(first.middle_tokens)
+        assert plan.tokens[:head] == first.tokens[:head]
+
+
+def test_reanchor_reasons(model):
+    pl, s = make(model, max_middle_tokens=8), FileSession()
+    doc = "def f(x):\n    return x\n\nprint(f(1))\n"
+    cur = doc.index("return") + 3
+    assert pl.plan(s, doc, cur).reanchor == P.NEW_SESSION
+    assert pl.plan(s, doc, cur).reanchor is None
+    doc2 = doc[:cur] + "u" + doc[cur:]
+    assert pl.plan(s, doc2, cur + 1).reanchor is None
+    assert pl.plan(s, doc2, cur + 1, "fim").reanchor == P.LAYOUT_CHANGED
+    assert pl.plan(s, "# hi\n" + doc2, cur + 6, "fim").reanchor == P.EDIT_BEFORE_ANCHOR
+    doc3 = "# hi\n" + doc2
+    assert pl.plan(s, doc3, 2, "fim").reanchor == P.CURSOR_BEFORE_ANCHOR
+    assert pl.plan(s, doc3 + "x", 2, "fim").reanchor == P.SUFFIX_CHANGED
+    long = doc3 + "x"
+    plan = None
+    for i in range(40):
+        long = long[:2] + "word " + long[2:]
+        plan = pl.plan(s, long, 2 + 5 * (i + 1), "fim")
+        if plan.reanchor:
+            break
+    assert plan.reanchor == P.MIDDLE_TOO_LONG
+
+
+def test_overflow_trims_prefix_start_and_suffix_end(model):
+    line = "value = compute(alpha, beta)\n"
+    doc = line * 200 + "x = " + line * 200
+    cursor = doc.index("x = ") + 4
+    pl = make(model, n_ctx=512, max_middle_tokens=32, reserve_tokens=64)
+    plan = pl.plan(FileSession(), doc, cursor, "efim")
+    assert plan.reanchor == P.NEW_SESSION
+    assert len(plan.tokens) - len(plan.middle_tokens) + 64 + 32 <= 512
+    assert plan.prefix_trimmed > 0 and plan.suffix_trimmed > 0
+    full_pre = model.tokenize(doc[:P.line_start(doc, cursor)])
+    full_suf = model.tokenize(doc[cursor:])
+    assert plan.prefix_tokens == tuple(full_pre[plan.prefix_trimmed:])  # cut at the start
+    assert plan.suffix_tokens == tuple(full_suf[:len(full_suf) - plan.suffix_trimmed])  # cut at the end
+    # The prefix keeps most of the budget: nearby code before the cursor matters most.
+    assert len(plan.prefix_tokens) >= len(plan.suffix_tokens)
+
+
+def test_context_overflow_reason_when_output_does_not_fit(model):
+    pl = make(model, n_ctx=300, max_middle_tokens=32, reserve_tokens=16)
+    s = FileSession()
+    doc = "a = 1\n" * 80
+    assert pl.plan(s, doc, len(doc)).reanchor == P.NEW_SESSION
+    # A request that wants more output than was reserved forces a trim.
+    plan = pl.plan(s, doc, len(doc), reserve=200)
+    assert plan.reanchor == P.CONTEXT_OVERFLOW
+    assert len(plan.tokens) + 200 <= 300 and plan.prefix_trimmed > 0
+
+
+def test_bad_cursor_and_layout(model):
+    pl = make(model)
+    with pytest.raises(P.PlanError, match="outside the document"):
+        pl.plan(FileSession(), "abc", 4)
+    with pytest.raises(P.PlanError, match="unknown layout"):
+        pl.plan(FileSession(), "abc", 1, "xyz")
