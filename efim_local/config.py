@@ -36,7 +36,7 @@ class Config:
     fim_template: str | None = None  # text markers "PRE,SUF,MID[,psm|spm]" for models without FIM tokens
     fim_order: str | None = None  # "psm" | "spm"; None: the template's own
     max_tokens: int = 64
-    max_middle_tokens: int = 96
+    max_middle_tokens: int = 256  # re-anchor (and recompute the suffix) past this
     context: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     main_gpu: int = 0

@@ -30,6 +30,7 @@ class CompletionRequest:
     layout: str | None = None
     stop_at_newline: bool = False
     max_lines: int | None = None
+    ignore_eog: bool = False  # benchmarks: always generate max_tokens
 
 
 @dataclass
@@ -139,7 +140,8 @@ class Engine:
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=req.stop_at_newline,
                           max_lines=req.max_lines, stop_strings=self.template.stop_strings)
         with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
-            ids, stream, reason, t_first = self._generate(slot, len(prompt), sampler, rules, on_text)
+            ids, stream, reason, t_first = self._generate(slot, len(prompt), sampler, rules, on_text,
+                                                          req.ignore_eog)
         # Keep the prompt, drop the output: the next keystroke reuses the prompt.
         if not self.ctx.seq_rm(slot.seq, len(prompt), -1):
             self.ctx.seq_rm(slot.seq, 0, -1)
@@ -188,7 +190,8 @@ class Engine:
                 self.ctx.seq_rm(victim.seq, 0, -1)
                 victim.tokens = victim.tokens[:0]
 
-    def _generate(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text):
+    def _generate(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text,
+                  ignore_eog: bool = False):
         """Sample until a stop rule fires; returns (ids, stream, stop_reason, time of first token)."""
         stream = TextStream(rules)
         ids: list[int] = []
@@ -199,7 +202,7 @@ class Engine:
             tok = sampler.sample(self.ctx, row)
             if t_first is None:
                 t_first = time.perf_counter()
-            if self.model.is_eog(tok) or tok in stop_tokens:
+            if not ignore_eog and (self.model.is_eog(tok) or tok in stop_tokens):
                 reason = "eog"
                 break
             ids.append(tok)

@@ -185,7 +185,8 @@ class Planner:
         prefix = self.tokenize(prefix_text)
         suffix = self.tokenize(suffix_text)
         # Leave room for the middle to grow to its limit before re-anchoring.
-        budget = self.limits.n_ctx - self._total((), (), (), reserve) - self.limits.max_middle_tokens
+        room = min(self.limits.max_middle_tokens, self.limits.n_ctx // 4)
+        budget = self.limits.n_ctx - self._total((), (), (), reserve) - room
         if budget < 16:
             raise PlanError(f"context of {self.limits.n_ctx} tokens is too small for this request")
         over = len(prefix) + len(suffix) - budget

@@ -27,6 +27,7 @@ class ContextParams:
     flash_attn: bool = False
     offload_kqv: bool = True
     swa_full: bool = True  # keeps sliding-window models truncatable at any position
+    kv_unified: bool = False  # False: one KV stream per slot, so attention never scans other slots' cells
 
 
 class Context:
@@ -44,7 +45,7 @@ class Context:
         p.n_ubatch = params.n_batch
         threads = params.n_threads or os.cpu_count() or 1
         p.n_threads = p.n_threads_batch = threads
-        p.kv_unified = True
+        p.kv_unified = params.kv_unified
         p.swa_full = params.swa_full
         p.offload_kqv = params.offload_kqv
         p.flash_attn_type = 1 if params.flash_attn else 0
