@@ -47,7 +47,7 @@ def mean(xs) -> float:
 
 
 def table(rows: list[dict], cols: list[str]) -> str:
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+    fmt = lambda v: (f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}") if isinstance(v, float) else str(v)
     cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"

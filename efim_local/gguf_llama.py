@@ -1,4 +1,8 @@
-"""Write llama-architecture GGUF files with the ``gguf`` package."""
+"""Write llama-architecture GGUF files with the ``gguf`` package.
+
+``arch="gemma3"`` writes a Gemma-3-style model instead (QK norms, post norms,
+sliding-window attention), so tests can cover sliding-window KV caches.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ class LlamaConfig:
     n_ctx: int = 4096
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    arch: str = "llama"  # or "gemma3"
+    n_swa: int = 0  # gemma3: sliding window (5 of every 6 layers use it)
 
     @property
     def head_dim(self) -> int:
@@ -36,8 +42,13 @@ def tensor_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     kv = cfg.n_head_kv * cfg.head_dim
     shapes = {"token_embd.weight": (cfg.vocab_size, cfg.n_embd), "output_norm.weight": (cfg.n_embd,),
               "output.weight": (cfg.vocab_size, cfg.n_embd)}
+    if cfg.arch == "gemma3":
+        del shapes["output.weight"]  # tied to token_embd
     for i in range(cfg.n_layer):
         b = f"blk.{i}."
+        if cfg.arch == "gemma3":
+            shapes.update({b + "post_attention_norm.weight": (cfg.n_embd,), b + "post_ffw_norm.weight": (cfg.n_embd,),
+                           b + "attn_q_norm.weight": (cfg.head_dim,), b + "attn_k_norm.weight": (cfg.head_dim,)})
         shapes.update({
             b + "attn_norm.weight": (cfg.n_embd,), b + "ffn_norm.weight": (cfg.n_embd,),
             b + "attn_q.weight": (cfg.n_embd, cfg.n_embd), b + "attn_k.weight": (kv, cfg.n_embd),
@@ -65,7 +76,7 @@ def write(path: str | Path, cfg: LlamaConfig, tensors: dict[str, np.ndarray], vo
 
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    w = gguf.GGUFWriter(str(tmp), cfg.arch)
     w.add_name(name)
     w.add_context_length(cfg.n_ctx)
     w.add_embedding_length(cfg.n_embd)
@@ -74,6 +85,11 @@ def write(path: str | Path, cfg: LlamaConfig, tensors: dict[str, np.ndarray], vo
     w.add_head_count(cfg.n_head)
     w.add_head_count_kv(cfg.n_head_kv)
     w.add_rope_dimension_count(cfg.head_dim)
+    if cfg.arch == "gemma3":
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+        if cfg.n_swa:
+            w.add_sliding_window(cfg.n_swa)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_vocab_size(cfg.vocab_size)

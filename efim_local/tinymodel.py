@@ -44,22 +44,31 @@ def read_texts(files) -> list[str]:
 def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}
-    for name, shape in gguf_llama.tensor_shapes(cfg).items():
+    shapes = gguf_llama.tensor_shapes(cfg)
+    head = "output.weight" if "output.weight" in shapes else "token_embd.weight"  # tied embeddings
+    for name, shape in shapes.items():
         if name.endswith("norm.weight"):
             out[name] = np.ones(shape, np.float32)
         else:
             # A wide output layer keeps logit gaps far above float noise,
             # so greedy choices are stable under batching differences.
-            std = 1.0 if name == "output.weight" else 0.08
+            std = 1.0 if name == head else 0.08
             out[name] = rng.normal(0, std, shape).astype(np.float32)
     return out
 
 
-def build(path: str | Path, vocab_size: int = 1024, seed: int = 0, fim_tokens: bool = True) -> Path:
-    """Build the tiny model at ``path`` (deterministic for a given Python stdlib)."""
+def build(path: str | Path, vocab_size: int = 1024, seed: int = 0, fim_tokens: bool = True,
+          swa: int = 0) -> Path:
+    """Build the tiny model at ``path`` (deterministic for a given Python stdlib).
+
+    ``swa > 0`` builds a Gemma-3-style model with that sliding window instead.
+    """
     tok = bpe.train(read_texts(stdlib_files()), vocab_size, bpe.SPECIALS if fim_tokens else (bpe.EOT,))
     vocab = bpe.to_vocab(tok)
-    cfg = LlamaConfig(vocab_size=len(vocab.tokens))
+    if swa:
+        cfg = LlamaConfig(vocab_size=len(vocab.tokens), n_layer=6, arch="gemma3", n_swa=swa)
+    else:
+        cfg = LlamaConfig(vocab_size=len(vocab.tokens))
     return gguf_llama.write(path, cfg, random_weights(cfg, seed), vocab, name="efim-tiny-random")
 
 

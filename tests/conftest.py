@@ -28,6 +28,12 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_swa(tmp_path_factory) -> Path:
+    """A Gemma-3-style model with a 32-token sliding window."""
+    return tinymodel.build(tmp_path_factory.mktemp("models") / "tiny-swa.gguf", swa=32)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_nofim(tmp_path_factory) -> Path:
     return tinymodel.build(tmp_path_factory.mktemp("models") / "tiny-nofim.gguf", fim_tokens=False)
 

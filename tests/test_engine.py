@@ -15,16 +15,21 @@ from .conftest import small_config
 SOURCES = [t for t in read_texts(stdlib_files(600_000)) if len(t) > 6000]
 
 
+@pytest.fixture(scope="module", params=["llama", "swa"])
+def arch_model(request, tiny_model, tiny_model_swa):
+    return tiny_model if request.param == "llama" else tiny_model_swa
+
+
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    with Engine(small_config(), tiny_model) as e:
+def engine(arch_model):
+    with Engine(small_config(), arch_model) as e:
         yield e
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model):
+def reference(arch_model):
     """A second engine whose every answer is computed from an empty cache."""
-    with Engine(small_config(n_slots=1), tiny_model) as e:
+    with Engine(small_config(n_slots=1), arch_model) as e:
         yield e
 
 
@@ -85,12 +90,14 @@ def test_stop_rules(engine):
     assert out.text.strip("\r\n").count("\n") <= 1
 
 
-def test_sampling_is_seeded(engine):
+def test_sampling_is_seeded(tiny_model):
+    engine = Engine(small_config(), tiny_model)
     doc = SOURCES[8][:800]
     r = lambda seed: engine.complete(CompletionRequest(doc, 300, path="t.py", temperature=0.9, top_k=40,
                                                        top_p=0.9, seed=seed, max_tokens=12)).token_ids
     assert r(1) == r(1)
     assert any(r(1) != r(s) for s in (2, 3, 4))
+    engine.close()
 
 
 def test_text_stream_utf8_and_stop_strings():
@@ -131,7 +138,7 @@ def apply(doc, cur, edit):
     return new, cur if cur <= pos else max(pos, cur - k)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(src=st.integers(0, len(SOURCES) - 1), start=st.integers(0, 5000), size=st.integers(50, 2500),
        edits=st.lists(EDIT, min_size=1, max_size=8), layout=st.sampled_from(["efim", "fim"]),
        path=st.sampled_from(["p1.py", "p2.py", "p3.py", "p4.py"]))
