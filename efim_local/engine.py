@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,7 +15,11 @@ from .config import Config
 from .gguf_llama import KEY_FRAGMENT, KEY_LAYOUT
 from .planner import FileSession, Plan, Planner, PlannerLimits
 from .slots import Slot, SlotManager
+from .store import StateStore, StoreConfig, kvblob
+from .store.fingerprint import layout_key, layout_params, model_fingerprint
 from .stream import StopRules, TextStream
+
+RESTORE_MIN_GAIN = 32  # restore a saved state only if it saves at least this many tokens
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Completion:
     timings: Timings = field(default_factory=Timings)
     reanchor: str | None = None
     slot: int = -1
+    cache_tier: str = "none"  # where the reused KV came from: slot, ram, disk or none
     trimmed: dict = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)
 
@@ -69,7 +75,7 @@ class Completion:
 class Engine:
     """Owns the llama.cpp model and context. Not thread-safe: one thread drives it."""
 
-    def __init__(self, config: Config, model_path: str | Path):
+    def __init__(self, config: Config, model_path: str | Path, store: StoreConfig | None = None):
         self.config = config
         self.model = Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu)
         try:
@@ -88,12 +94,31 @@ class Engine:
         self.planner = Planner(self.model.tokenize, self.template.markers, PlannerLimits(
             n_ctx=self.n_ctx_seq, max_middle_tokens=config.max_middle_tokens, reserve_tokens=config.max_tokens))
         self.sessions: dict[str, FileSession] = {}
+        # Sliding-window caches keep only the window when serialized: restore whole states only.
+        self.swa = self.model.n_swa > 0
+        self.swa_strategy = ("swa_full" if config.context.swa_full else "recompute") if self.swa else "none"
+        self.n_stream = 1 if config.context.kv_unified else config.context.n_slots
+        self.store = None
+        if store is not None:
+            import llama_cpp
+
+            params = layout_params(config.context, llama_cpp.__version__)
+            self.store = StateStore(store, model_fingerprint(model_path), layout_key(params), params,
+                                    whole_state_only=self.swa)
         self.fragment_trained = (self.model.meta(KEY_FRAGMENT) or "").lower() == "true"
         self.default_layout = config.layout or (
             (self.model.meta(KEY_LAYOUT) or "efim") if self.fragment_trained else "fim")
 
     # -- lifetime -----------------------------------------------------------
     def close(self) -> None:
+        """Save dirty slots to disk, then free llama.cpp objects."""
+        if getattr(self, "store", None) is not None and getattr(self, "ctx", None) is not None:
+            try:
+                self.flush()
+                self.store.spill()
+            finally:
+                self.store.close()
+                self.store = None
         for h in ("batch", "ctx", "model"):
             obj = getattr(self, h, None)
             if obj is not None:
@@ -116,7 +141,9 @@ class Engine:
     def complete(self, req: CompletionRequest) -> Completion:
         t0 = time.perf_counter()
         plan = self.plan(req)
-        out = self.run(plan.tokens, req, path=req.path, t0=t0)
+        head = len(plan.tokens) - (len(plan.middle_tokens) if plan.layout == "efim" else 0)
+        out = self.run(plan.tokens, req, path=req.path, t0=t0, checkpoint=head - 1)
+        self.slots.slots[out.slot].text = req.text
         out.layout = plan.layout
         out.reanchor = plan.reanchor
         if plan.prefix_trimmed or plan.suffix_trimmed:
@@ -124,15 +151,23 @@ class Engine:
         return out
 
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
-            t0: float | None = None, on_text=None) -> Completion:
-        """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV."""
+            t0: float | None = None, on_text=None, checkpoint: int | None = None) -> Completion:
+        """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV.
+
+        ``checkpoint`` is the prompt length worth saving for sliding-window models.
+        """
         t0 = t0 if t0 is not None else time.perf_counter()
         prompt = np.asarray(tokens, dtype=np.int32)
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         slot, n_common = self.slots.pick(prompt)
+        if slot.dirty and slot.path != path:
+            self._save(slot)  # the slot is about to serve another file: keep its state
+        tier = "slot" if n_common >= self.slots.min_reuse else "none"
         if cold:
-            n_common = 0
+            n_common, tier = 0, "none"
+        elif self.store is not None:
+            n_common, tier = self._from_store(slot, prompt, n_common, tier, path)
         evaluated = self._prefill(slot, prompt, n_common)
         counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
         max_tokens = self._max_tokens(req)
@@ -148,6 +183,8 @@ class Engine:
             prompt = prompt[:0]
         slot.tokens = prompt
         slot.touch(path)
+        slot.dirty = self.store is not None and len(prompt) > 0
+        slot.checkpoint = max(0, min(checkpoint if checkpoint is not None else len(prompt) - 1, len(prompt) - 1))
         t2 = time.perf_counter()
         if reason == "max_tokens" and room < max_tokens:
             reason = "context_full"
@@ -156,7 +193,64 @@ class Engine:
         return Completion(
             text=stream.text, stop_reason=reason, layout="tokens", tokens=counts,
             timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
-            slot=slot.seq, token_ids=ids)
+            slot=slot.seq, cache_tier=tier, token_ids=ids)
+
+    # -- the state store --------------------------------------------------------
+    def _from_store(self, slot: Slot, prompt: np.ndarray, n_common: int, tier: str, path: str | None):
+        """Restore a saved state into ``slot`` if it beats what the slot holds."""
+        store = self.store
+        if n_common + RESTORE_MIN_GAIN >= len(prompt):
+            store.count("hit_slot")
+            return n_common, tier
+        found = store.lookup(prompt, path)
+        m = found.match
+        if m is None or m.n < n_common + RESTORE_MIN_GAIN:
+            store.count("hit_slot" if tier == "slot" else f"miss_{found.miss_reason or 'no_state'}")
+            return n_common, tier
+        n = len(m.tokens) if self.swa else min(m.n, len(prompt) - 1)
+        payload = store.load(m, n) if n < len(prompt) else None
+        if payload is not None:
+            try:
+                self.ctx.set_seq_state(slot.seq, kvblob.wrap(payload, self.n_stream))
+                # Verify before decoding: the slot must hold exactly positions [0, n).
+                ok = self.ctx.seq_pos_max(slot.seq) == n - 1
+            except Exception:  # llama.cpp rejected it, or it does not parse
+                ok = False
+            if ok:
+                slot.tokens, slot.dirty = prompt[:n], False
+                store.count(f"hit_{m.tier}")
+                return n, m.tier
+            self.ctx.seq_rm(slot.seq, 0, -1)
+            slot.reset()
+            store.count("dropped_corrupt")
+        store.count("miss_corrupt")
+        return 0, "none"
+
+    def _save(self, slot: Slot) -> None:
+        """Serialize a slot into the store (RAM tier). Sliding-window models save their checkpoint."""
+        slot.dirty = False
+        toks = slot.tokens
+        n = min(slot.checkpoint, len(toks)) if self.swa else len(toks)
+        if self.store is None or n < self.store.cfg.min_tokens:
+            return
+        if n < len(toks):
+            self.ctx.seq_rm(slot.seq, n, -1)
+            blob = self.ctx.seq_state(slot.seq)
+            slot.tokens = toks[:n]
+            self._prefill(slot, toks, n)  # put the rest back
+        else:
+            blob = self.ctx.seq_state(slot.seq)
+        content = hashlib.sha1(slot.text.encode("utf-8", "surrogatepass")).hexdigest() if slot.text else ""
+        self.store.put(toks[:n], kvblob.normalize(blob), slot.path or "", content)
+
+    def flush(self) -> None:
+        """Save dirty slots (call after the response was sent, or when idle)."""
+        if self.store is None:
+            return
+        for slot in self.slots.slots:
+            if slot.dirty:
+                self._save(slot)
+        self.store.flush_counts()
 
     # -- internals ------------------------------------------------------------
     def _prefill(self, slot: Slot, prompt: np.ndarray, n_common: int) -> int:

@@ -25,10 +25,16 @@ class Slot:
     tokens: np.ndarray = field(default_factory=lambda: EMPTY)  # KV held for positions 0..len-1
     last_used: float = 0.0
     path: str | None = None  # the document it last served
+    dirty: bool = False  # holds KV not yet saved to the state store
+    checkpoint: int = 0  # sliding-window models: the length worth saving (the prompt's head)
+    text: str = ""  # the document it last served, for the store's content hash
 
     def touch(self, path: str | None) -> None:
         self.last_used = time.monotonic()
         self.path = path
+
+    def reset(self) -> None:
+        self.tokens, self.dirty = self.tokens[:0], False
 
 
 class SlotManager:

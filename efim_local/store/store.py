@@ -1,0 +1,314 @@
+"""StateStore: saved KV states in host RAM and on disk, under MB budgets.
+
+Tiers: live slots (the engine's) → RAM (normalized ``llama_state_seq_get_data``
+bytes) → disk (state files) → deleted. Eviction moves a state one tier down,
+least valuable first (recency, hits, length). Budgets hold at all times: a
+state enters a tier only after room was made for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..slots import common_prefix
+from . import kvblob, stateformat
+from .index import Index
+from .stateformat import StateFileError
+
+log = logging.getLogger("efim.store")
+MB = 1 << 20
+MISS_REASONS = ("no_state", "model_changed", "evicted", "corrupt", "tokenization_differs")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    dir: Path
+    ram_mb: float = 512.0
+    disk_mb: float = 4096.0
+    min_tokens: int = 64  # shorter states are not worth saving
+
+
+@dataclass
+class Entry:
+    """A state in the RAM tier."""
+
+    id: str
+    tokens: np.ndarray
+    payload: bytes  # normalized sequence state
+    path: str
+    content_hash: str
+    created: float
+    last_used: float
+    hits: int = 0
+
+
+@dataclass
+class Match:
+    id: str
+    n: int  # tokens usable from this state
+    tier: str  # "ram" | "disk"
+    tokens: np.ndarray  # all of the state's tokens
+
+
+@dataclass
+class Lookup:
+    match: Match | None
+    miss_reason: str | None = None
+
+
+def _value(last_used: float, hits: int, n_tokens: int) -> float:
+    """Eviction order: older, less hit, shorter states go first."""
+    return last_used + 300 * math.log2(1 + hits) + 60 * math.log2(1 + n_tokens / 1024)
+
+
+@dataclass
+class StateStore:
+    cfg: StoreConfig
+    model: bytes  # model fingerprint
+    layout: bytes  # layout key
+    layout_params: dict
+    whole_state_only: bool = False  # sliding-window models: restore whole states, never truncate
+    ram: dict[str, Entry] = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
+
+    def __post_init__(self):
+        self.dir = Path(self.cfg.dir)
+        self.files = self.dir / "states"
+        for d in (self.dir, self.files):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(d, 0o700)
+        self.index = Index(self.dir / "index.db")
+        self._model_hex, self._layout_hex = self.model.hex(), self.layout.hex()
+        # RAM-tier rows belong to a process that is gone.
+        for row in self.index.rows("ram"):
+            self.index.remove(row["id"])
+        for tmp in self.files.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)  # a save that was interrupted
+
+    def close(self) -> None:
+        self.flush_counts()
+        self.index.close()
+
+    # -- sizes --------------------------------------------------------------
+    def ram_bytes(self) -> int:
+        return sum(len(e.payload) + e.tokens.nbytes for e in self.ram.values())
+
+    def disk_bytes(self) -> int:
+        return sum(r["bytes"] for r in self.index.rows("disk"))
+
+    def file_of(self, state_id: str) -> Path:
+        return self.files / f"{state_id}.kv"
+
+    def state_id(self, tokens: np.ndarray) -> str:
+        h = hashlib.sha256(self.model + self.layout)
+        h.update(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+        return h.hexdigest()[:32]  # file names come from hashes, never from paths
+
+    # -- lookup and load ------------------------------------------------------
+    def lookup(self, tokens: np.ndarray, path: str | None = None, content_hash: str | None = None) -> Lookup:
+        """The saved state sharing the longest usable token prefix with ``tokens``."""
+        best: Match | None = None
+        saw_corrupt = False
+        for row, _ in self.index.candidates(tokens, self._model_hex, self._layout_hex):
+            st = self._tokens_of(row)
+            if st is None:
+                saw_corrupt = True
+                continue
+            n = common_prefix(st, tokens)
+            if self.whole_state_only and n < len(st):
+                continue  # a sliding-window state cannot be cut
+            if best is None or n > best.n:
+                best = Match(row["id"], n, row["tier"], st)
+        if best is not None:
+            return Lookup(best)
+        return Lookup(None, "corrupt" if saw_corrupt else self._miss_reason(path, content_hash))
+
+    def _miss_reason(self, path: str | None, content_hash: str | None) -> str:
+        if path is None:
+            return "no_state"
+        rows = self.index.by_path(path)
+        if any(r["model"] != self._model_hex for r in rows):
+            return "model_changed"
+        if content_hash and any(r["content_hash"] == content_hash for r in rows):
+            return "tokenization_differs"
+        if self.index.was_evicted(path, self._model_hex):
+            return "evicted"
+        return "no_state"
+
+    def _tokens_of(self, row: dict) -> np.ndarray | None:
+        e = self.ram.get(row["id"])
+        if e is not None:
+            return e.tokens
+        if row["tier"] != "disk":
+            self.index.remove(row["id"])
+            return None
+        try:
+            _, toks = stateformat.read_tokens(self.file_of(row["id"]), self.model, self.layout)
+            return toks
+        except (StateFileError, OSError) as e:
+            self._drop_bad(row["id"], e)
+            return None
+
+    def load(self, match: Match, n_tokens: int) -> bytes | None:
+        """The normalized state for ``match``, cut to ``n_tokens`` when allowed; None if unusable."""
+        e = self.ram.get(match.id)
+        if e is not None:
+            payload, toks = e.payload, e.tokens
+            e.last_used, e.hits = time.time(), e.hits + 1
+        else:
+            try:
+                _, toks, payload = stateformat.read(self.file_of(match.id), self.model, self.layout)
+            except (StateFileError, OSError) as err:
+                self._drop_bad(match.id, err)
+                return None
+        if not np.array_equal(toks, match.tokens):
+            self._drop_bad(match.id, StateFileError("corrupt", "state changed under us"))
+            return None
+        self.index.touch(match.id)
+        if n_tokens < len(toks):
+            if self.whole_state_only:
+                return None
+            payload = kvblob.truncate(payload, n_tokens)
+        return payload
+
+    def _drop_bad(self, state_id: str, err: Exception) -> None:
+        log.warning("dropping state %s: %s", state_id[:12], err)
+        self.counts["dropped_" + getattr(err, "reason", "corrupt")] += 1
+        self.ram.pop(state_id, None)
+        self.file_of(state_id).unlink(missing_ok=True)
+        self.index.remove(state_id)
+
+    # -- saving ---------------------------------------------------------------
+    def put(self, tokens: np.ndarray, payload: bytes, path: str, content_hash: str = "") -> str | None:
+        """Add a state to the RAM tier (spilling others down); replaces older states of ``path``."""
+        if len(tokens) < self.cfg.min_tokens:
+            return None
+        sid = self.state_id(tokens)
+        for row in self.index.by_path(path):
+            if row["id"] != sid and row["model"] == self._model_hex:
+                self._delete(row["id"])
+        now = time.time()
+        entry = Entry(sid, np.array(tokens, dtype=np.int32), payload, path, content_hash, now, now)
+        size = len(payload) + entry.tokens.nbytes
+        if size > self.cfg.ram_mb * MB:
+            self._write_disk(entry)  # too big for RAM: straight to disk
+            return sid
+        self._delete(sid, keep_index=True)
+        self._make_room_ram(size)
+        self.ram[sid] = entry
+        self.index.add(self._row(entry, "ram", size), entry.tokens)
+        return sid
+
+    def _row(self, e: Entry, tier: str, size: int) -> dict:
+        return {"id": e.id, "path": e.path, "content_hash": e.content_hash, "model": self._model_hex,
+                "layout": self._layout_hex, "n_tokens": len(e.tokens), "bytes": size, "tier": tier,
+                "created": e.created, "last_used": e.last_used, "hits": e.hits}
+
+    def _make_room_ram(self, size: int) -> None:
+        budget = self.cfg.ram_mb * MB
+        used = self.ram_bytes()
+        for e in sorted(self.ram.values(), key=lambda e: _value(e.last_used, e.hits, len(e.tokens))):
+            if used + size <= budget:
+                break
+            used -= len(e.payload) + e.tokens.nbytes
+            del self.ram[e.id]
+            self._write_disk(e)  # one tier down
+
+    def _write_disk(self, e: Entry) -> None:
+        size = stateformat.encoded_size(e.tokens, e.payload, self.layout_params)
+        if size > self.cfg.disk_mb * MB:
+            self.index.remove(e.id, evicted=True)
+            return
+        self._make_room_disk(size)
+        stateformat.write(self.file_of(e.id), e.tokens, e.payload, self.model, self.layout, self.layout_params)
+        self.index.add(self._row(e, "disk", size), e.tokens)
+
+    def _make_room_disk(self, size: int) -> None:
+        budget = self.cfg.disk_mb * MB
+        rows = self.index.rows("disk")
+        used = sum(r["bytes"] for r in rows)
+        for r in sorted(rows, key=lambda r: _value(r["last_used"], r["hits"], r["n_tokens"])):
+            if used + size <= budget:
+                break
+            used -= r["bytes"]
+            self.file_of(r["id"]).unlink(missing_ok=True)
+            self.index.remove(r["id"], evicted=True)
+            self.counts["evicted_disk"] += 1
+
+    def _delete(self, state_id: str, keep_index: bool = False) -> None:
+        self.ram.pop(state_id, None)
+        self.file_of(state_id).unlink(missing_ok=True)
+        if not keep_index:
+            self.index.remove(state_id)
+
+    def spill(self) -> int:
+        """Write every RAM state to disk (before the process exits). Returns how many."""
+        n = 0
+        for e in list(self.ram.values()):
+            del self.ram[e.id]
+            self._write_disk(e)
+            n += 1
+        return n
+
+    # -- maintenance ----------------------------------------------------------
+    def gc(self) -> dict:
+        """Reconcile index and files in both directions, then enforce the budgets."""
+        rows = {r["id"]: r for r in self.index.rows()}
+        files = {p.stem: p for p in self.files.glob("*.kv")}
+        out = Counter()
+        for sid, r in rows.items():
+            if r["tier"] == "disk" and sid not in files:
+                self.index.remove(sid)
+                out["rows_without_file"] += 1
+            elif r["tier"] == "ram" and sid not in self.ram:
+                self.index.remove(sid)
+                out["stale_ram_rows"] += 1
+        for sid, p in files.items():
+            r = rows.get(sid)
+            if r is None or r["tier"] != "disk":
+                p.unlink(missing_ok=True)
+                out["files_without_row"] += 1
+        for p in self.files.glob("*.tmp"):
+            p.unlink(missing_ok=True)
+            out["temp_files"] += 1
+        self._make_room_disk(0)
+        self._make_room_ram(0)
+        return dict(out)
+
+    def clear(self) -> None:
+        self.ram.clear()
+        for p in self.files.iterdir():
+            p.unlink(missing_ok=True)
+        self.index.clear()
+
+    def count(self, name: str) -> None:
+        self.counts[name] += 1
+
+    def flush_counts(self) -> None:
+        self.index.bump(dict(self.counts))
+        self.counts.clear()
+
+    def stats(self) -> dict:
+        self.flush_counts()
+        rows = self.index.rows()
+        tiers = {t: {"states": sum(r["tier"] == t for r in rows), "bytes": sum(r["bytes"] for r in rows if r["tier"] == t)}
+                 for t in ("ram", "disk")}
+        tiers["ram"]["budget_bytes"] = int(self.cfg.ram_mb * MB)
+        tiers["disk"]["budget_bytes"] = int(self.cfg.disk_mb * MB)
+        c = self.index.counters()
+        return {
+            "dir": str(self.dir), "tiers": tiers,
+            "hits": {t: c.get(f"hit_{t}", 0) for t in ("slot", "ram", "disk")},
+            "misses": {r: c.get(f"miss_{r}", 0) for r in MISS_REASONS},
+            "dropped": {k[len("dropped_"):]: v for k, v in c.items() if k.startswith("dropped_")},
+            "evicted_disk": c.get("evicted_disk", 0),
+        }
