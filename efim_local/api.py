@@ -12,4 +12,4 @@ __all__ = ["open_engine", "Engine", "Completion", "CompletionRequest", "Config"]
 def open_engine(cfg: Config | None = None) -> Engine:
     """Load the configured (or default) model and return an Engine; use it as a context manager."""
     cfg = cfg or load()
-    return Engine(cfg, resolve_model(cfg))
+    return Engine(cfg, resolve_model(cfg), store=cfg.store_config())

@@ -40,6 +40,21 @@ class Config:
     context: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     main_gpu: int = 0
+    # KV state store (RAM and disk tiers); live slots are bounded by context.n_slots x n_ctx_seq.
+    store: bool = True
+    state_dir: str | None = None  # default: $XDG_STATE_HOME/efim/kv
+    ram_mb: float = 512.0
+    disk_mb: float = 4096.0
+    min_state_tokens: int = 64
+
+    def store_config(self):
+        """The StoreConfig for this configuration, or None when the store is off."""
+        from .store import StoreConfig
+
+        if not self.store:
+            return None
+        return StoreConfig(Path(self.state_dir).expanduser() if self.state_dir else state_home() / "kv",
+                           ram_mb=self.ram_mb, disk_mb=self.disk_mb, min_tokens=self.min_state_tokens)
 
     def with_overrides(self, **kw) -> "Config":
         ctx_names = {f.name for f in fields(ContextParams)}

@@ -141,8 +141,7 @@ class Engine:
     def complete(self, req: CompletionRequest) -> Completion:
         t0 = time.perf_counter()
         plan = self.plan(req)
-        head = len(plan.tokens) - (len(plan.middle_tokens) if plan.layout == "efim" else 0)
-        out = self.run(plan.tokens, req, path=req.path, t0=t0, checkpoint=head - 1)
+        out = self.run(plan.tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start)
         self.slots.slots[out.slot].text = req.text
         out.layout = plan.layout
         out.reanchor = plan.reanchor

@@ -75,6 +75,7 @@ class Plan:
     suffix_tokens: tuple[int, ...]
     middle_text: str
     reanchor: str | None  # reason code, None when the anchor was kept
+    middle_start: int = 0  # index in ``tokens`` where the middle begins: all before it is stable
     prefix_trimmed: int = 0
     suffix_trimmed: int = 0
 
@@ -129,8 +130,17 @@ class Planner:
             middle_text = text[anchor.offset:cursor]
             middle = tuple(self.tokenize(middle_text))
         session.layout = layout
+        tokens = self.assemble(layout, anchor.prefix_tokens, middle, anchor.suffix_tokens)
+        m = self.markers
+        if layout == "efim":
+            middle_start = len(tokens) - len(middle)
+        elif m.order == "spm":
+            middle_start = len(m.bos) + len(m.suf) + len(anchor.suffix_tokens) + len(m.pre) + len(anchor.prefix_tokens)
+        else:
+            middle_start = len(m.bos) + len(m.pre) + len(anchor.prefix_tokens)
         return Plan(
-            tokens=self.assemble(layout, anchor.prefix_tokens, middle, anchor.suffix_tokens),
+            tokens=tokens,
+            middle_start=middle_start,
             layout=layout,
             prefix_tokens=anchor.prefix_tokens,
             middle_tokens=middle,

@@ -75,3 +75,29 @@ def test_text_template_for_model_without_fim_tokens(src, tiny_model_nofim):
 def test_help_has_examples():
     r = efim_cli("complete", "--help")
     assert r.returncode == 0 and b"Example" in r.stdout
+
+
+def test_cache_commands(tiny_model, tmp_path):
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    src = tmp_path / "long.py"
+    src.write_text(DOC * 12)  # long enough to be worth saving
+    args = ["complete", str(src), "-l", "2", "-c", "5", "--model", str(tiny_model), "--json", "--max-tokens", "3"]
+    first = json.loads(efim_cli(*args, env=env).stdout)
+    second = json.loads(efim_cli(*args, env=env).stdout)
+    assert first["cache_tier"] == "none" and second["cache_tier"] == "disk"
+    assert second["tokens"]["evaluated"] == 1 and second["text"] == first["text"]
+    rows = json.loads(efim_cli("cache", "ls", "--json", env=env).stdout)
+    assert len(rows) == 1 and rows[0]["path"] == str(src.resolve()) and rows[0]["tier"] == "disk"
+    stats = json.loads(efim_cli("cache", "stats", "--json", env=env).stdout)
+    assert stats["hits"]["disk"] == 1 and stats["misses"]["no_state"] == 1
+    assert json.loads(efim_cli("cache", "gc", "--json", env=env).stdout)["files_without_row"] == 0
+    assert json.loads(efim_cli("cache", "clear", "--json", env=env).stdout) == {"deleted": 1}
+    assert json.loads(efim_cli("cache", "ls", "--json", env=env).stdout) == []
+    status = json.loads(efim_cli("status", "--json", "--model", str(tiny_model), env=env).stdout)
+    assert status["swa_strategy"] == "none" and status["state_restore"] == "longest prefix"
+
+
+def test_status_reports_sliding_window_strategy(tiny_model_swa):
+    status = json.loads(efim_cli("status", "--json", "--model", str(tiny_model_swa)).stdout)
+    assert status["sliding_window"] == 32 and status["swa_strategy"] == "swa_full"
+    assert status["state_restore"] == "whole-state checkpoints"

@@ -30,6 +30,9 @@ def test_plan_is_pieces_tokenized_separately(model, doc, data, layout, order):
         want = (2, *suf, 1, *pre, 3, *mid) if layout == "efim" else (2, *suf, 1, *pre, *mid, 3)
     assert plan.tokens == want
     assert plan.middle_text == doc[anchor:cursor]
+    # Everything before middle_start stays put while the user types.
+    start = plan.middle_start
+    assert plan.tokens[start:start + len(mid)] == mid
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -14,7 +14,7 @@ import numpy as np
 import sqlite_utils
 
 CHUNK = 64
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def chunk_hashes(tokens: np.ndarray) -> list[tuple[str, int]]:
@@ -46,7 +46,12 @@ def _v2(db: sqlite_utils.Database) -> None:
     db["evicted"].create({"path": str, "model": str, "time": float}, pk=("path", "model"), if_not_exists=True)
 
 
-MIGRATIONS = [_v1, _v2]  # index i migrates the schema to version i + 1
+def _v3(db: sqlite_utils.Database) -> None:
+    # RAM-tier rows name the process holding them, so other processes leave live ones alone.
+    db["states"].add_column("owner", int, not_null_default=0)
+
+
+MIGRATIONS = [_v1, _v2, _v3]  # index i migrates the schema to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -65,6 +65,26 @@ class Lookup:
     miss_reason: str | None = None
 
 
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tmp_owner(p: Path) -> int:
+    """The pid in a temp file name ``<id>.kv.<pid>.tmp``."""
+    try:
+        return int(p.name.rsplit(".", 2)[-2])
+    except (ValueError, IndexError):
+        return 0
+
+
 def _value(last_used: float, hits: int, n_tokens: int) -> float:
     """Eviction order: older, less hit, shorter states go first."""
     return last_used + 300 * math.log2(1 + hits) + 60 * math.log2(1 + n_tokens / 1024)
@@ -88,15 +108,24 @@ class StateStore:
             os.chmod(d, 0o700)
         self.index = Index(self.dir / "index.db")
         self._model_hex, self._layout_hex = self.model.hex(), self.layout.hex()
-        # RAM-tier rows belong to a process that is gone.
-        for row in self.index.rows("ram"):
-            self.index.remove(row["id"])
+        self._drop_stale_ram_rows()
         for tmp in self.files.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)  # a save that was interrupted
+            if not _alive(_tmp_owner(tmp)):
+                tmp.unlink(missing_ok=True)  # a save that was interrupted
 
     def close(self) -> None:
         self.flush_counts()
         self.index.close()
+
+    def _drop_stale_ram_rows(self) -> int:
+        """Forget RAM-tier rows of processes that are gone (or of this one, but not in RAM)."""
+        n = 0
+        for row in self.index.rows("ram"):
+            mine = row["owner"] == os.getpid()
+            if (mine and row["id"] not in self.ram) or (not mine and not _alive(row["owner"])):
+                self.index.remove(row["id"])
+                n += 1
+        return n
 
     # -- sizes --------------------------------------------------------------
     def ram_bytes(self) -> int:
@@ -202,6 +231,9 @@ class StateStore:
         if size > self.cfg.ram_mb * MB:
             self._write_disk(entry)  # too big for RAM: straight to disk
             return sid
+        old = self.index.get(sid)
+        if old:
+            entry.hits, entry.created = old["hits"], old["created"]
         self._delete(sid, keep_index=True)
         self._make_room_ram(size)
         self.ram[sid] = entry
@@ -211,7 +243,8 @@ class StateStore:
     def _row(self, e: Entry, tier: str, size: int) -> dict:
         return {"id": e.id, "path": e.path, "content_hash": e.content_hash, "model": self._model_hex,
                 "layout": self._layout_hex, "n_tokens": len(e.tokens), "bytes": size, "tier": tier,
-                "created": e.created, "last_used": e.last_used, "hits": e.hits}
+                "created": e.created, "last_used": e.last_used, "hits": e.hits,
+                "owner": os.getpid() if tier == "ram" else 0}
 
     def _make_room_ram(self, size: int) -> None:
         budget = self.cfg.ram_mb * MB
@@ -269,26 +302,30 @@ class StateStore:
             if r["tier"] == "disk" and sid not in files:
                 self.index.remove(sid)
                 out["rows_without_file"] += 1
-            elif r["tier"] == "ram" and sid not in self.ram:
-                self.index.remove(sid)
-                out["stale_ram_rows"] += 1
+        out["stale_ram_rows"] = self._drop_stale_ram_rows()
         for sid, p in files.items():
             r = rows.get(sid)
             if r is None or r["tier"] != "disk":
                 p.unlink(missing_ok=True)
                 out["files_without_row"] += 1
         for p in self.files.glob("*.tmp"):
-            p.unlink(missing_ok=True)
-            out["temp_files"] += 1
+            if not _alive(_tmp_owner(p)):
+                p.unlink(missing_ok=True)
+                out["temp_files"] += 1
         self._make_room_disk(0)
         self._make_room_ram(0)
-        return dict(out)
+        return {k: out[k] for k in ("rows_without_file", "files_without_row", "stale_ram_rows", "temp_files")}
 
     def clear(self) -> None:
         self.ram.clear()
         for p in self.files.iterdir():
             p.unlink(missing_ok=True)
         self.index.clear()
+
+    @classmethod
+    def admin(cls, cfg: StoreConfig) -> "StateStore":
+        """A store opened without a model, for listing and maintenance."""
+        return cls(cfg, model=b"", layout=b"", layout_params={})
 
     def count(self, name: str) -> None:
         self.counts[name] += 1
