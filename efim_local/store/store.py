@@ -222,6 +222,9 @@ class StateStore:
         if len(tokens) < self.cfg.min_tokens:
             return None
         sid = self.state_id(tokens)
+        if self.index.get(sid) is not None and (sid in self.ram or self.file_of(sid).exists()):
+            self.index.touch(sid)  # already saved: same model, layout and tokens
+            return sid
         for row in self.index.by_path(path):
             if row["id"] != sid and row["model"] == self._model_hex:
                 self._delete(row["id"])
