@@ -19,6 +19,10 @@ from .store import StateStore, StoreConfig, kvblob
 from .store.fingerprint import layout_key, layout_params, model_fingerprint
 from .stream import StopRules, TextStream
 
+class Cancelled(Exception):
+    """A request was cancelled or superseded; the prompt work done so far stays in its slot."""
+
+
 RESTORE_MIN_GAIN = 32  # restore a saved state only if it saves at least this many tokens
 
 
@@ -138,10 +142,12 @@ class Engine:
     def _max_tokens(self, req: CompletionRequest) -> int:
         return req.max_tokens if req.max_tokens is not None else self.config.max_tokens
 
-    def complete(self, req: CompletionRequest) -> Completion:
+    def complete(self, req: CompletionRequest, on_text=None, should_stop=None) -> Completion:
+        """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``."""
         t0 = time.perf_counter()
         plan = self.plan(req)
-        out = self.run(plan.tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start)
+        out = self.run(plan.tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
+                       on_text=on_text, should_stop=should_stop)
         self.slots.slots[out.slot].text = req.text
         out.layout = plan.layout
         out.reanchor = plan.reanchor
@@ -150,10 +156,12 @@ class Engine:
         return out
 
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
-            t0: float | None = None, on_text=None, checkpoint: int | None = None) -> Completion:
+            t0: float | None = None, on_text=None, checkpoint: int | None = None,
+            should_stop=None) -> Completion:
         """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV.
 
         ``checkpoint`` is the prompt length worth saving for sliding-window models.
+        ``should_stop()`` is polled between batches and tokens; when true, Cancelled is raised.
         """
         t0 = t0 if t0 is not None else time.perf_counter()
         prompt = np.asarray(tokens, dtype=np.int32)
@@ -167,23 +175,25 @@ class Engine:
             n_common, tier = 0, "none"
         elif self.store is not None:
             n_common, tier = self._from_store(slot, prompt, n_common, tier, path)
-        evaluated = self._prefill(slot, prompt, n_common)
-        counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
         max_tokens = self._max_tokens(req)
         room = self.n_ctx_seq - len(prompt)
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=req.stop_at_newline,
                           max_lines=req.max_lines, stop_strings=self.template.stop_strings)
-        with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
-            ids, stream, reason, t_first = self._generate(slot, len(prompt), sampler, rules, on_text,
-                                                          req.ignore_eog)
-        # Keep the prompt, drop the output: the next keystroke reuses the prompt.
-        if not self.ctx.seq_rm(slot.seq, len(prompt), -1):
-            self.ctx.seq_rm(slot.seq, 0, -1)
-            prompt = prompt[:0]
-        slot.tokens = prompt
-        slot.touch(path)
-        slot.dirty = self.store is not None and len(prompt) > 0
-        slot.checkpoint = max(0, min(checkpoint if checkpoint is not None else len(prompt) - 1, len(prompt) - 1))
+        try:
+            evaluated = self._prefill(slot, prompt, n_common, should_stop)
+            counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
+            with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
+                ids, stream, reason, t_first = self._generate(slot, len(prompt), sampler, rules, on_text,
+                                                              req.ignore_eog, should_stop)
+        finally:
+            # Keep the prompt (as far as it was decoded), drop the output: the next keystroke reuses it.
+            if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
+                self.ctx.seq_rm(slot.seq, 0, -1)
+                slot.reset()
+            slot.touch(path)
+            slot.dirty = self.store is not None and len(slot.tokens) > 0
+            ck = checkpoint if checkpoint is not None else len(prompt) - 1
+            slot.checkpoint = max(0, min(ck, len(prompt) - 1, len(slot.tokens)))
         t2 = time.perf_counter()
         if reason == "max_tokens" and room < max_tokens:
             reason = "context_full"
@@ -252,7 +262,7 @@ class Engine:
         self.store.flush_counts()
 
     # -- internals ------------------------------------------------------------
-    def _prefill(self, slot: Slot, prompt: np.ndarray, n_common: int) -> int:
+    def _prefill(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None) -> int:
         """Make ``slot`` hold KV for prompt[:-1] plus logits for the last token; returns tokens evaluated."""
         n_common = min(n_common, len(prompt) - 1)  # the last token is decoded to get logits
         if not self.ctx.seq_rm(slot.seq, n_common, -1):
@@ -261,6 +271,8 @@ class Engine:
         slot.tokens = prompt[:n_common]
         pos = n_common
         while pos < len(prompt):
+            if should_stop is not None and should_stop():
+                raise Cancelled()
             chunk = prompt[pos:pos + self.batch.capacity]
             self.batch.clear()
             self.batch.extend(chunk, pos, slot.seq)
@@ -281,10 +293,10 @@ class Engine:
                 if victim is None:
                     raise
                 self.ctx.seq_rm(victim.seq, 0, -1)
-                victim.tokens = victim.tokens[:0]
+                victim.reset()
 
     def _generate(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text,
-                  ignore_eog: bool = False):
+                  ignore_eog: bool = False, should_stop=None):
         """Sample until a stop rule fires; returns (ids, stream, stop_reason, time of first token)."""
         stream = TextStream(rules)
         ids: list[int] = []
@@ -307,6 +319,8 @@ class Engine:
                 break
             if len(ids) >= rules.max_tokens:
                 break
+            if should_stop is not None and should_stop():
+                raise Cancelled()
             self.batch.clear()
             self.batch.add(tok, n_prompt + len(ids) - 1, slot.seq, logits=True)
             self._decode(slot)

@@ -7,6 +7,7 @@ chunks (every ``CHUNK`` tokens), never by scanning every state.
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import time
 from pathlib import Path
 
@@ -57,7 +58,8 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 
 class Index:
     def __init__(self, path: Path):
-        self.db = sqlite_utils.Database(path)
+        # One thread at a time uses it (the engine thread), but not always the one that opened it.
+        self.db = sqlite_utils.Database(sqlite3.connect(str(path), check_same_thread=False))
         self.db.enable_wal()
         self.migrate()
 
