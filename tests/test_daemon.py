@@ -1,0 +1,337 @@
+"""The daemon over a real Unix socket, with the real tiny model, in a real subprocess."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from efim_local.daemon import protocol as P
+from efim_local.daemon.client import Client, DaemonUnavailable
+
+from .conftest import ROOT
+from .test_engine import SOURCES
+
+LONG = SOURCES[6][:6000]
+
+
+class Daemon:
+    def __init__(self, tmp, model, *extra):
+        self.sock = tmp / "run" / "efim.sock"
+        self.env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+        self.args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(self.sock),
+                     "--model", str(model), "--n-ctx", "2048", *extra]
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with Client(self.sock, timeout=5) as c:
+                    c.call("status")
+                return self
+            except (DaemonUnavailable, OSError):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(self.proc.stderr.read().decode())
+                time.sleep(0.05)
+        raise RuntimeError("daemon did not start")
+
+    def client(self, timeout=60):
+        return Client(self.sock, timeout=timeout)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            try:
+                with self.client(5) as c:
+                    c.call("shutdown")
+            except (DaemonUnavailable, OSError):
+                pass
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, tiny_model):
+    d = Daemon(tmp_path_factory.mktemp("daemon"), tiny_model, "--queue-size", "4").start()
+    yield d
+    d.stop()
+
+
+def complete(c, text=LONG, offset=3000, path="a.py", **kw):
+    return c.call("complete", {"path": path, "text": text, "offset": offset, "max_tokens": 8, **kw})
+
+
+def test_complete_over_socket(daemon):
+    with daemon.client() as c:
+        a = complete(c, path="sock.py")
+        assert set(a) >= {"text", "stop_reason", "layout", "tokens", "timings", "cache_tier", "reanchor"}
+        assert a["reanchor"] == "new_session" and a["cache_tier"] == "none"
+        b = complete(c, path="sock.py")
+        assert b["cache_tier"] == "slot" and b["tokens"]["evaluated"] == 1 and b["text"] == a["text"]
+        line = LONG[:3000].count("\n")
+        char = 3000 - (LONG.rfind("\n", 0, 3000) + 1)
+        pos = c.call("complete", {"path": "sock.py", "text": LONG, "position": {"line": line, "character": char},
+                                  "max_tokens": 8})
+        assert pos["text"] == a["text"]
+
+
+def test_synced_document_and_streaming(daemon):
+    with daemon.client() as c:
+        c.call("didOpen", {"path": "doc.py", "text": LONG[:2000], "version": 1})
+        # Type "abc" at line 3, character 0, as an editor's incremental change.
+        c.call("didChange", {"path": "doc.py", "version": 2, "contentChanges": [
+            {"range": {"start": {"line": 3, "character": 0}, "end": {"line": 3, "character": 0}}, "text": "abc"}]})
+        lines = LONG[:2000].split("\n")
+        lines[3] = "abc" + lines[3]
+        text = "\n".join(lines)
+        parts = []
+        out = c.call("complete", {"path": "doc.py", "position": {"line": 3, "character": 3}, "max_tokens": 12,
+                                  "stream": True}, on_notification=lambda m: parts.append(m["params"]["text"]))
+        assert "".join(parts) == out["text"]
+        ref = complete(c, text=text, offset=text.index("abc") + 3, path="doc-ref.py", max_tokens=12)
+        assert ref["text"] == out["text"]
+        c.call("didClose", {"path": "doc.py"})
+        with pytest.raises(P.RpcError) as e:
+            c.call("complete", {"path": "doc.py", "offset": 0})
+        assert e.value.code == P.INVALID_PARAMS and "not open" in e.value.message
+
+
+def raw_exchange(daemon, frames: list[bytes], wait_for=1) -> list[dict]:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(daemon.sock))
+        s.settimeout(30)
+        s.sendall(b"".join(frames))
+        f = s.makefile("rb")
+        return [json.loads(f.readline()) for _ in range(wait_for)]
+
+
+@pytest.mark.parametrize("frame,code", [
+    (b"{not json\n", P.PARSE_ERROR),
+    (b"\xff\xfe\n", P.PARSE_ERROR),
+    (b"[1, 2]\n", P.INVALID_REQUEST),
+    (b'{"jsonrpc": "1.0", "id": 1, "method": "status"}\n', P.INVALID_REQUEST),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "nope"}\n', P.METHOD_NOT_FOUND),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "complete", "params": []}\n', P.INVALID_PARAMS),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "complete", "params": {"path": 3}}\n', P.INVALID_PARAMS),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "complete", "params": {"path": "x", "text": "ab", "offset": 99}}\n', P.INVALID_PARAMS),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "complete", "params": {"path": "x", "text": "ab", "offset": 1, "max_tokens": 1e300}}\n', P.INVALID_PARAMS),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "complete", "params": {"path": "x", "text": "ab", "offset": 1, "max_tokens": 99999999999999999999999}}\n', P.INVALID_PARAMS),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "complete", "params": {"path": "x", "text": "ab", "position": {"line": 5, "character": 0}}}\n', P.INVALID_PARAMS),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "didChange", "params": {"path": "never-opened"}}\n', P.INVALID_PARAMS),
+    (b"[" * 100000 + b"\n", P.PARSE_ERROR),
+])
+def test_bad_frames_get_errors_and_connection_survives(daemon, frame, code):
+    ok = b'{"jsonrpc": "2.0", "id": "after", "method": "status"}\n'
+    err, after = raw_exchange(daemon, [frame, ok], wait_for=2)
+    assert err["error"]["code"] == code and "Traceback" not in err["error"]["message"]
+    assert after["id"] == "after" and after["result"]["pid"] > 0
+
+
+def test_oversized_frame(daemon):
+    big = b'{"jsonrpc": "2.0", "id": 1, "method": "status", "params": {"x": "' + b"a" * (9 << 20) + b'"}}\n'
+    err, after = raw_exchange(daemon, [big, b'{"jsonrpc": "2.0", "id": 2, "method": "status"}\n'], wait_for=2)
+    assert err["error"]["code"] == P.REQUEST_TOO_LARGE and after["id"] == 2
+
+
+def test_notifications_get_no_reply(daemon):
+    frames = [b'{"jsonrpc": "2.0", "method": "didOpen", "params": {"path": "n.py", "text": "x"}}\n',
+              b'{"jsonrpc": "2.0", "method": "nope"}\n',
+              b'{"jsonrpc": "2.0", "id": 7, "method": "status"}\n']
+    (reply,) = raw_exchange(daemon, frames, wait_for=1)
+    assert reply["id"] == 7 and reply["result"]["documents"] >= 1
+
+
+def test_concurrent_clients(daemon):
+    errors, done = [], []
+
+    def client(i):
+        try:
+            with daemon.client() as c:
+                for k in range(8):
+                    out = complete(c, path=f"c{i}.py", offset=1000 + 10 * k)
+                    done.append(out["tokens"]["generated"])
+        except Exception as e:  # noqa: BLE001 - collected for the assert
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    busy = [e for e in errors if "busy" in e]
+    assert errors == busy and len(done) + len(busy) == 32 and len(done) >= 16
+
+
+def test_supersede_and_cancel(daemon):
+    with daemon.client() as c:
+        for rid in (1, 2):  # two requests for the same document, back to back
+            c.send({"jsonrpc": "2.0", "id": rid, "method": "complete",
+                    "params": {"path": "sup.py", "text": LONG, "offset": 4000 + rid, "max_tokens": 400}})
+        replies = {m["id"]: m for m in (c.read(), c.read())}
+        assert replies[1]["error"]["code"] == P.CANCELLED
+        assert "result" in replies[2]
+        # The first request's prompt work stayed: the second one reused the slot.
+        c.send({"jsonrpc": "2.0", "id": 3, "method": "complete",
+                "params": {"path": "can.py", "text": LONG, "offset": 5000, "max_tokens": 200}})
+        c.send({"jsonrpc": "2.0", "id": 4, "method": "cancel", "params": {"id": 3}})
+        replies = {m["id"]: m for m in (c.read(), c.read())}
+        assert replies[4]["result"] == {"cancelled": True}
+        assert replies[3]["error"]["code"] == P.CANCELLED
+
+
+def test_busy_when_queue_full(daemon):
+    with daemon.client() as c:
+        for i in range(12):
+            c.send({"jsonrpc": "2.0", "id": i, "method": "complete",
+                    "params": {"path": f"busy{i}.py", "text": LONG, "offset": 3000, "max_tokens": 200}})
+        replies = [c.read() for _ in range(12)]
+    codes = [r.get("error", {}).get("code") for r in replies]
+    assert P.BUSY in codes and codes.count(None) >= 4
+
+
+ATOMS = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=False),
+                  st.text(max_size=20), st.sampled_from(["complete", "didOpen", "didChange", "status", "cancel", "x"]))
+JSONISH = st.recursive(ATOMS, lambda kids: st.one_of(st.lists(kids, max_size=4),
+                                                      st.dictionaries(st.text(max_size=8), kids, max_size=4)), max_leaves=12)
+KEYS = st.sampled_from(["path", "text", "offset", "position", "max_tokens", "temperature", "layout", "stream",
+                        "contentChanges", "id", "line", "character", "range", "version"])
+PARAMS = st.dictionaries(KEYS, JSONISH, max_size=6)
+REQUESTS = st.fixed_dictionaries({"jsonrpc": st.sampled_from(["2.0", "2.0", "1.0", 2]),
+                                  "method": st.sampled_from(["complete", "didOpen", "didChange", "didClose", "cancel", "status", "nope", 5]),
+                                  "params": st.one_of(PARAMS, JSONISH)},
+                                 optional={"id": st.one_of(st.integers(-5, 10 ** 20), st.text(max_size=5), st.none(), st.lists(st.integers()))})
+FRAMES = st.one_of(
+    st.binary(max_size=64).map(lambda b: b.replace(b"\n", b" ")),
+    JSONISH.map(lambda v: json.dumps(v).encode()),
+    REQUESTS.map(lambda v: json.dumps(v).encode()),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[
+    HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(frames=st.lists(FRAMES, min_size=50, max_size=50))
+def test_fuzz_daemon_survives(daemon, frames):
+    """200 examples x 50 frames = 10,000 random and malformed frames."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(daemon.sock))
+        s.settimeout(60)
+        probe = b'{"jsonrpc": "2.0", "id": "probe-after-fuzz", "method": "status"}\n'
+        s.sendall(b"\n".join(frames) + b"\n" + probe)
+        f = s.makefile("rb")
+        while True:
+            line = f.readline()
+            assert line, "daemon closed the connection"
+            msg = json.loads(line)
+            if "error" in msg:
+                assert isinstance(msg["error"]["code"], int) and "Traceback" not in msg["error"]["message"]
+            if msg.get("id") == "probe-after-fuzz":
+                assert msg["result"]["pid"] > 0
+                break
+    assert daemon.proc.poll() is None
+
+
+def test_socket_permissions(daemon):
+    assert oct(daemon.sock.stat().st_mode & 0o777) == "0o600"
+    assert oct(daemon.sock.parent.stat().st_mode & 0o777) == "0o700"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a child under another uid")
+def test_foreign_uid_is_refused(tiny_model):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    base = Path(tempfile.mkdtemp(prefix="efim-uid-", dir="/tmp"))
+    os.chmod(base, 0o711)  # traversable, so only the daemon's own permissions and checks stand in the way
+    daemon = Daemon(base, tiny_model).start()
+    child = (
+        "import os, socket, sys\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1])\n"
+        "except PermissionError:\n"
+        "    print('denied'); sys.exit(0)\n"
+        "try:\n"
+        "    s.sendall(b'{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"status\"}\\n')\n"
+        "    print('eof' if s.recv(100) == b'' else 'answered')\n"
+        "except (ConnectionResetError, BrokenPipeError):\n"
+        "    print('eof')\n")
+    run = lambda: subprocess.run([sys.executable, "-c", child, str(daemon.sock)], capture_output=True, timeout=30,
+                                 text=True).stdout.strip()
+    try:
+        assert run() == "denied"  # the 0700 directory and 0600 socket stop it first
+        # Even if the permissions were loosened, the peer-uid check refuses it.
+        os.chmod(daemon.sock.parent, 0o711)
+        os.chmod(daemon.sock, 0o666)
+        assert run() == "eof"
+        with daemon.client() as c:  # and the owner is still served
+            assert c.call("status")["pid"] > 0
+    finally:
+        daemon.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_second_daemon_refused_and_stale_socket_replaced(tmp_path, tiny_model):
+    d = Daemon(tmp_path, tiny_model)
+    d.sock.parent.mkdir(parents=True, mode=0o700)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(d.sock))  # a socket file nobody listens on: a crashed daemon's
+    stale.close()
+    d.start()
+    try:
+        second = subprocess.run(d.args, env=d.env, cwd=ROOT, capture_output=True, timeout=60)
+        assert second.returncode == 2 and b"another efim daemon is running" in second.stderr
+    finally:
+        d.stop()
+
+
+def test_restart_restores_warm_state(tmp_path, tiny_model):
+    d = Daemon(tmp_path, tiny_model).start()
+    with d.client() as c:
+        first = complete(c, path="warm.py")
+    d.stop()  # saves its slots to disk
+    d.start()
+    try:
+        with d.client() as c:
+            again = complete(c, path="warm.py")
+        assert again["cache_tier"] == "disk" and again["tokens"]["evaluated"] == 1
+        assert again["text"] == first["text"]
+    finally:
+        d.stop()
+
+
+def test_watcher_refreshes_changed_files(tmp_path, tiny_model):
+    root = tmp_path / "ws"
+    root.mkdir()
+    f = root / "mod.py"
+    f.write_text(LONG[:3000])
+    d = Daemon(tmp_path, tiny_model, "--watch", str(root)).start()
+    try:
+        with d.client() as c:
+            complete(c, text=f.read_text(), offset=2000, path=str(f))
+            new = "# reformatted\n" + LONG[:3000]
+            f.write_text(new)  # a formatter or a git checkout changes it on disk
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                slots = c.call("status")["slots"]
+                if any(s["path"] == str(f) and s["tokens"] > 500 for s in slots) and c.call("status")["queued"] == 0:
+                    time.sleep(0.5)
+                    break
+                time.sleep(0.1)
+            out = complete(c, text=new, offset=2000, path=str(f))
+            # The change was at the file's start, so only a refreshed session prefilled
+            # while idle can leave a single token to evaluate.
+            assert out["cache_tier"] == "slot" and out["tokens"]["evaluated"] == 1
+    finally:
+        d.stop()
