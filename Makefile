@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean nvim
 
 setup: $(STAMP)
 
@@ -14,10 +14,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# The editor-plugin tests drive a real headless Neovim.
+nvim:
+	@command -v nvim >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq neovim >/dev/null; } || \
+	  echo "warning: neovim not installed; its tests will be skipped"
+
 run: setup
 	$(VENV)/bin/efim complete examples/fib.py --line 5 --column 9 --max-tokens 24
 
-test: setup
+test: setup nvim
 	$(PY) -m pytest -q
 
 bench: setup

@@ -1,0 +1,83 @@
+"""The Neovim plugin in a real headless Neovim against a real daemon, driven over Neovim's RPC."""
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from .conftest import ROOT
+from .test_daemon import Daemon
+
+pynvim = pytest.importorskip("pynvim")
+pytestmark = pytest.mark.skipif(shutil.which("nvim") is None, reason="nvim is not installed (make test installs it)")
+
+
+def wait_for(fn, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.02)
+    return fn()
+
+
+@pytest.fixture
+def nvim_with_daemon(tmp_path, tiny_model):
+    d = Daemon(tmp_path, tiny_model).start()
+    listen = tmp_path / "nvim.sock"
+    env = dict(os.environ, EFIM_SOCKET=str(d.sock))
+    proc = subprocess.Popen(["nvim", "--headless", "-u", "NONE", "-i", "NONE", "--listen", str(listen),
+                             "--cmd", f"set rtp+={ROOT / 'editors' / 'nvim'}"], env=env, cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_for(listen.exists, 10)
+    nvim = pynvim.attach("socket", path=str(listen))
+    try:
+        yield nvim, tmp_path
+    finally:
+        try:
+            nvim.command("qa!")
+        except Exception:
+            pass
+        proc.wait(10)
+        d.stop()
+
+
+def test_ghost_text_appears_and_accept_inserts(nvim_with_daemon):
+    nvim, tmp = nvim_with_daemon
+    src = tmp / "add.py"
+    src.write_text("def add(a, b):\n\n\nprint(add(1, 2))\n")
+    nvim.exec_lua('require("efim").setup({ debounce_ms = 30, max_tokens = 6, accept_key = "<C-y>" })')
+    nvim.command(f"edit {src}")
+    nvim.current.window.cursor = (2, 0)
+    nvim.input("A    return a")  # typed like a user: insert mode, TextChangedI, debounce
+    assert wait_for(lambda: nvim.current.line == "    return a")
+    assert wait_for(lambda: nvim.exec_lua('return require("efim").visible()')), "no ghost text appeared"
+    text = nvim.exec_lua('return require("efim").suggestion()')
+    ns = nvim.exec_lua('return vim.api.nvim_get_namespaces()["efim"]')
+    marks = nvim.exec_lua(f"return vim.api.nvim_buf_get_extmarks(0, {ns}, 0, -1, {{details = true}})")
+    # (Neovim shows control characters of the random model's output as ^X, so compare lengths.)
+    assert len(marks) == 1 and marks[0][1:3] == [1, len("    return a")] and marks[0][3]["virt_text"][0][0]
+    assert nvim.api.get_mode()["mode"] == "i"
+
+    nvim.input("<C-y>")  # accept
+    lines = text.split("\n")
+    assert wait_for(lambda: nvim.current.buffer[1] == "    return a" + lines[0])
+    assert list(nvim.current.buffer[2:1 + len(lines)]) == lines[1:]
+    assert not nvim.exec_lua('return require("efim").visible()')
+
+
+def test_typing_again_dismisses_and_dismiss_key(nvim_with_daemon):
+    nvim, tmp = nvim_with_daemon
+    src = tmp / "m.py"
+    src.write_text("import os\n\n")
+    nvim.exec_lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
+    nvim.command(f"edit {src}")
+    nvim.current.window.cursor = (2, 0)
+    nvim.input("Ax = os.")
+    assert wait_for(lambda: nvim.exec_lua('return require("efim").visible()'))
+    nvim.input("<C-e>")  # dismiss
+    assert wait_for(lambda: not nvim.exec_lua('return require("efim").visible()'))
+    assert nvim.current.buffer[1] == "x = os."
