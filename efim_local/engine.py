@@ -55,6 +55,7 @@ class Timings:
     prompt_ms: float = 0.0  # planning + prefill + first token
     predict_ms: float = 0.0
     total_ms: float = 0.0
+    plan_ms: float = 0.0  # planning alone (tokenizing the middle, anchoring)
 
 
 @dataclass
@@ -146,9 +147,11 @@ class Engine:
         """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``."""
         t0 = time.perf_counter()
         plan = self.plan(req)
+        plan_ms = (time.perf_counter() - t0) * 1e3
         out = self.run(plan.tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
                        on_text=on_text, should_stop=should_stop)
         self.slots.slots[out.slot].text = req.text
+        out.timings.plan_ms = plan_ms
         out.layout = plan.layout
         out.reanchor = plan.reanchor
         if plan.prefix_trimmed or plan.suffix_trimmed:
@@ -168,6 +171,8 @@ class Engine:
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         slot, n_common = self.slots.pick(prompt)
+        # The same prompt again leaves the KV as it was: nothing new to save.
+        same = n_common == len(prompt) == len(slot.tokens)
         if slot.dirty and slot.path != path:
             self._save(slot)  # the slot is about to serve another file: keep its state
         tier = "slot" if n_common >= self.slots.min_reuse else "none"
@@ -191,7 +196,7 @@ class Engine:
                 self.ctx.seq_rm(slot.seq, 0, -1)
                 slot.reset()
             slot.touch(path)
-            slot.dirty = self.store is not None and len(slot.tokens) > 0
+            slot.dirty = self.store is not None and len(slot.tokens) > 0 and (slot.dirty or not same or cold)
             ck = checkpoint if checkpoint is not None else len(prompt) - 1
             slot.checkpoint = max(0, min(ck, len(prompt) - 1, len(slot.tokens)))
         t2 = time.perf_counter()

@@ -23,7 +23,7 @@ def test_complete_json(src, tiny_model):
     out = json.loads(r.stdout)
     assert set(out) >= {"text", "stop_reason", "layout", "tokens", "timings"}
     assert set(out["tokens"]) == {"prompt", "cached", "evaluated", "generated"}
-    assert set(out["timings"]) == {"prompt_ms", "predict_ms", "total_ms"}
+    assert set(out["timings"]) == {"prompt_ms", "predict_ms", "total_ms", "plan_ms"}
     assert out["tokens"]["generated"] <= 5 and out["layout"] == "fim"
     assert r.stderr == b""
 

@@ -1,0 +1,67 @@
+"""Daemon overhead: for a fully cached request, how much of the latency is IPC plus planning?
+
+One client repeats the same completion (all prompt tokens cached in the slot)
+against a real daemon. Overhead = (client round trip - engine time) + planning
+time; the table shows it as a share of the round trip.
+
+    python scripts/bench_overhead.py --model gemma
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from efim_local import benchutil as bu
+from efim_local.daemon.client import Client, DaemonUnavailable
+from efim_local.models import default_model
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--model", default="gemma", help="'default', 'gemma' or a GGUF path")
+ap.add_argument("--requests", type=int, default=50)
+ap.add_argument("--max-tokens", type=int, default=16)
+args = ap.parse_args()
+
+model, extra = {"default": (default_model(), []), "gemma": (bu.gemma_path(), ["--fim-template", bu.GEMMA_TEMPLATE])}.get(
+    args.model, (Path(args.model), []))
+tmp = Path(tempfile.mkdtemp(prefix="efim-overhead-"))
+sock = tmp / "run" / "efim.sock"
+env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+proc = subprocess.Popen([sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model),
+                         *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.monotonic() + 120
+while True:
+    try:
+        Client(sock, timeout=2).close()
+        break
+    except DaemonUnavailable:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit("daemon did not start")
+        time.sleep(0.1)
+
+text = Path(os.__file__).read_text()[:12000]
+params = {"path": "overhead.py", "text": text, "offset": 8000, "max_tokens": args.max_tokens, "layout": "efim"}
+rows = []
+with Client(sock, timeout=300) as c:
+    c.call("complete", params)  # warm the slot
+    for _ in range(args.requests):
+        t = time.perf_counter()
+        out = c.call("complete", params)
+        rtt = (time.perf_counter() - t) * 1e3
+        assert out["tokens"]["evaluated"] == 1, out["tokens"]
+        engine = out["timings"]["total_ms"]
+        plan = out["timings"]["plan_ms"]
+        rows.append({"rtt": rtt, "engine": engine, "plan": plan, "overhead": rtt - engine + plan})
+    c.call("shutdown")
+proc.wait(60)
+
+share = [r["overhead"] / r["rtt"] for r in rows]
+row = {"model": args.model, "prompt_tokens": out["tokens"]["prompt"], "p50_rtt_ms": bu.pctl([r["rtt"] for r in rows], 0.5),
+       "p50_engine_ms": bu.pctl([r["engine"] for r in rows], 0.5), "p50_plan_ms": bu.pctl([r["plan"] for r in rows], 0.5),
+       "p50_ipc+plan_ms": bu.pctl([r["overhead"] for r in rows], 0.5), "p50_share_%": 100 * bu.pctl(share, 0.5),
+       "p95_share_%": 100 * bu.pctl(share, 0.95)}
+print(bu.table([row], list(row)))
+print("saved", bu.save(f"overhead-{args.model if args.model in ('default', 'gemma') else 'model'}", {"args": vars(args), "result": row}))
