@@ -61,3 +61,41 @@ def save(name: str, payload: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def bench_model(name: str) -> tuple[Path, str | None]:
+    """(GGUF path, text template) for 'gemma', 'default' or a path."""
+    if name == "gemma":
+        return gemma_path(), GEMMA_TEMPLATE
+    if name == "default":
+        from .models import default_model
+
+        return default_model(), None
+    return Path(name), None
+
+
+def spawn_daemon(model: Path, template: str | None, *extra: str):
+    """Start `efim serve` on a private socket; returns (process, socket path) once it answers."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from .daemon.client import Client, DaemonUnavailable
+
+    tmp = Path(tempfile.mkdtemp(prefix="efim-bench-"))
+    sock = tmp / "run" / "efim.sock"
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+    args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model), *extra]
+    if template:
+        args += ["--fim-template", template]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            Client(sock, timeout=2).close()
+            return proc, sock
+        except DaemonUnavailable:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("the daemon did not start")
+            time.sleep(0.1)

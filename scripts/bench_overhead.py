@@ -9,15 +9,11 @@ time; the table shows it as a share of the round trip.
 
 import argparse
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from efim_local import benchutil as bu
-from efim_local.daemon.client import Client, DaemonUnavailable
-from efim_local.models import default_model
+from efim_local.daemon.client import Client
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--model", default="gemma", help="'default', 'gemma' or a GGUF path")
@@ -25,22 +21,7 @@ ap.add_argument("--requests", type=int, default=50)
 ap.add_argument("--max-tokens", type=int, default=16)
 args = ap.parse_args()
 
-model, extra = {"default": (default_model(), []), "gemma": (bu.gemma_path(), ["--fim-template", bu.GEMMA_TEMPLATE])}.get(
-    args.model, (Path(args.model), []))
-tmp = Path(tempfile.mkdtemp(prefix="efim-overhead-"))
-sock = tmp / "run" / "efim.sock"
-env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
-proc = subprocess.Popen([sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model),
-                         *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-deadline = time.monotonic() + 120
-while True:
-    try:
-        Client(sock, timeout=2).close()
-        break
-    except DaemonUnavailable:
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit("daemon did not start")
-        time.sleep(0.1)
+proc, sock = bu.spawn_daemon(*bu.bench_model(args.model))
 
 text = Path(os.__file__).read_text()[:12000]
 params = {"path": "overhead.py", "text": text, "offset": 8000, "max_tokens": args.max_tokens, "layout": "efim"}

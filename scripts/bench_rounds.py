@@ -17,7 +17,6 @@ from efim_local import benchutil as bu
 from efim_local.backend import ContextParams
 from efim_local.config import Config
 from efim_local.engine import CompletionRequest, Engine
-from efim_local.models import default_model
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--model", default="gemma", help="'gemma', 'default', or a GGUF path")
@@ -27,10 +26,7 @@ ap.add_argument("--max-tokens", type=int, default=128)
 ap.add_argument("--threads", type=int, default=0)
 args = ap.parse_args()
 
-if args.model == "gemma":
-    model_path, template = bu.gemma_path(), bu.GEMMA_TEMPLATE
-else:
-    model_path, template = (default_model() if args.model == "default" else args.model), None
+model_path, template = bu.bench_model(args.model)
 
 # The middle grows by a whole chunk per round, so let it grow without re-anchoring.
 cfg = Config(model=str(model_path), fim_template=template, max_tokens=args.max_tokens, max_middle_tokens=8192,

@@ -10,9 +10,6 @@ daemon's RSS after warm-up and at the end; saves bench-results/load.json.
 
 import argparse
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,8 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from efim_local import benchutil as bu
-from efim_local.daemon.client import Client, DaemonUnavailable
-from efim_local.models import default_model
+from efim_local.daemon.client import Client
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--model", default="default", help="'default', 'gemma' or a GGUF path")
@@ -30,14 +26,7 @@ ap.add_argument("--requests", type=int, default=200)
 ap.add_argument("--max-tokens", type=int, default=8)
 args = ap.parse_args()
 
-model, extra = {"default": (default_model(), []), "gemma": (bu.gemma_path(), ["--fim-template", bu.GEMMA_TEMPLATE])}.get(
-    args.model, (Path(args.model), []))
-tmp = Path(tempfile.mkdtemp(prefix="efim-load-"))
-sock = tmp / "run" / "efim.sock"
-env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
-proc = subprocess.Popen([sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model),
-                         "--n-ctx", "2048", *extra], env=env,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+proc, sock = bu.spawn_daemon(*bu.bench_model(args.model), "--n-ctx", "2048")
 
 
 def rss_kb() -> int:
@@ -46,16 +35,6 @@ def rss_kb() -> int:
             return int(line.split()[1])
     return 0
 
-
-deadline = time.monotonic() + 120
-while True:
-    try:
-        Client(sock, timeout=2).close()
-        break
-    except DaemonUnavailable:
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit("daemon did not start")
-        time.sleep(0.1)
 
 sources = [p.read_text("utf-8", errors="replace")[:3000] for p in sorted(Path(os.__file__).parent.glob("*.py"))[:args.clients]]
 latencies: list[float] = []

@@ -4,31 +4,21 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ._handle import Handle
 from ._lib import lib
 
 
-class Batch:
+class Batch(Handle):
     """A token batch of fixed capacity; tokens may belong to different sequences."""
 
     def __init__(self, capacity: int, n_seq_max: int = 1):
         self.capacity = capacity
         self.raw = lib.llama_batch_init(capacity, 0, n_seq_max)
-        self._alive = True
+        self._open = True
         self.n_outputs = 0
 
-    def close(self) -> None:
-        if getattr(self, "_alive", False):
-            lib.llama_batch_free(self.raw)
-            self._alive = False
-
-    def __enter__(self) -> "Batch":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
+    def _free(self) -> None:
+        lib.llama_batch_free(self.raw)
 
     def __len__(self) -> int:
         return self.raw.n_tokens

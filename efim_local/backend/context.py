@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._handle import Handle
 from ._lib import lib
 from .batch import Batch
 from .errors import BackendError, DecodeError, NoKvSlot
@@ -30,7 +31,7 @@ class ContextParams:
     kv_unified: bool = False  # False: one KV stream per slot, so attention never scans other slots' cells
 
 
-class Context:
+class Context(Handle):
     """A llama.cpp context with ``n_slots`` sequences sharing one unified KV cache."""
 
     def __init__(self, model: Model, params: ContextParams):
@@ -59,25 +60,16 @@ class Context:
         if not ptr:
             raise BackendError("llama.cpp could not create a context (out of memory?)")
         self.ptr = ptr
+        self._open = True
         self.mem = lib.llama_get_memory(ptr)
         self.n_ctx = lib.llama_n_ctx(ptr)
         self.n_ctx_seq = lib.llama_n_ctx_seq(ptr)
         self.n_batch = lib.llama_n_batch(ptr)
         self.n_vocab = model.n_vocab
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            lib.llama_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self) -> "Context":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
+    def _free(self) -> None:
+        lib.llama_free(self.ptr)
+        self.ptr = None
 
     # -- decoding -------------------------------------------------------
     def decode(self, batch: Batch) -> None:

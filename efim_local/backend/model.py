@@ -6,6 +6,7 @@ import ctypes
 import os
 from pathlib import Path
 
+from ._handle import Handle
 from ._lib import ensure_backend, lib
 from .errors import ModelError
 
@@ -27,7 +28,7 @@ def check_gguf(path: str | os.PathLike) -> Path:
     return p
 
 
-class Model:
+class Model(Handle):
     """A loaded GGUF model. Use as a context manager, or call close()."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True,
@@ -42,6 +43,7 @@ class Model:
         if not ptr:
             raise ModelError(f"llama.cpp could not load {self.path} (unsupported architecture or corrupt file)")
         self.ptr = ptr
+        self._open = True
         self.vocab = lib.llama_model_get_vocab(ptr)
         self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
         self.n_layer = lib.llama_model_n_layer(ptr)
@@ -52,20 +54,9 @@ class Model:
         self.bos: tuple[int, ...] = (bos,) if self.add_bos and bos >= 0 else ()
         self._pieces: list[bytes | None] = [None] * self.n_vocab
 
-    # -- lifetime -------------------------------------------------------
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            lib.llama_model_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
+    def _free(self) -> None:
+        lib.llama_model_free(self.ptr)
+        self.ptr = None
 
     # -- metadata -------------------------------------------------------
     def meta(self, key: str) -> str | None:

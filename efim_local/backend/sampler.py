@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._handle import Handle
 from ._lib import lib
 
 
@@ -15,7 +16,7 @@ class SamplerParams:
     seed: int = 0
 
 
-class Sampler:
+class Sampler(Handle):
     """Greedy when temperature is 0; otherwise top-k → top-p → temperature → dist."""
 
     def __init__(self, params: SamplerParams = SamplerParams()):
@@ -31,20 +32,11 @@ class Sampler:
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(params.temperature))
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
         self.ptr = chain
+        self._open = True
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            lib.llama_sampler_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self) -> "Sampler":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
+    def _free(self) -> None:
+        lib.llama_sampler_free(self.ptr)
+        self.ptr = None
 
     def sample(self, ctx, row: int) -> int:
         """Sample from the logits at ``row`` of the last batch (and accept the token)."""

@@ -117,6 +117,12 @@ class StateStore:
         self.flush_counts()
         self.index.close()
 
+    def __enter__(self) -> "StateStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _drop_stale_ram_rows(self) -> int:
         """Forget RAM-tier rows of processes that are gone (or of this one, but not in RAM)."""
         n = 0

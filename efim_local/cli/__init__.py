@@ -1,0 +1,89 @@
+"""The ``efim`` command line: a thin layer over the library API.
+
+Commands live in small modules: complete.py (complete, status), cache.py, daemon.py (serve, daemon).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from .. import config as config_mod
+from ..backend import BackendError
+from ..config import ConfigError
+from ..document import DocumentError
+from ..planner import PlanError
+from ..daemon.protocol import RpcError
+from ..templates import TemplateError
+
+USER_ERRORS = (DocumentError, PlanError, TemplateError, ConfigError, BackendError, OSError, RpcError)
+
+
+def fail(msg: str) -> None:
+    click.echo(f"efim: error: {msg}", err=True)
+    sys.exit(2)
+
+
+def user_errors(fn):
+    """Turn expected failures into a one-line message and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except USER_ERRORS as e:
+            fail(str(e) or e.__class__.__name__)
+
+    return wrapper
+
+
+def emit(obj, as_json: bool, text: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(obj, ensure_ascii=False))
+    else:
+        click.echo(text if text is not None else obj, nl=False if text is not None else True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="efim-local")
+def main():
+    """efim: fast local code completion with EFIM prompts and KV cache reuse.
+
+    \b
+    Example:
+      efim complete src/app.py --line 12 --column 9
+    """
+
+
+def model_options(fn):
+    """Options that choose and configure the model, shared by commands that load it."""
+    opts = [
+        click.option("--model", "-m", type=click.Path(dir_okay=False), help="GGUF model (default: $EFIM_MODEL, config, bundled)."),
+        click.option("--layout", type=click.Choice(["efim", "fim"]), help="Prompt layout (default: efim for fragment-trained models)."),
+        click.option("--fim-template", help="Text markers 'PRE,SUF,MID[,psm|spm]' for models without FIM tokens."),
+        click.option("--fim-family", help="Force a template family: qwen, deepseek, starcoder, codellama, codestral, codegemma, granite."),
+        click.option("--n-ctx", type=click.IntRange(64, 1 << 20), help="Context tokens per slot."),
+        click.option("--threads", type=click.IntRange(0, 1024), help="CPU threads (0: all)."),
+        click.option("--n-gpu-layers", type=click.IntRange(0, 100000), help="Layers to offload (CUDA builds)."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def build_config(model, layout, fim_template, fim_family, n_ctx, threads, n_gpu_layers, **extra):
+    cfg = config_mod.load()
+    return cfg.with_overrides(model=model, layout=layout, fim_template=fim_template, fim_family=fim_family,
+                              n_ctx_seq=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, **extra)
+
+
+
+def pairs(d: dict) -> str:
+    """'k=v  k=v' for one-line summaries."""
+    return "  ".join(f"{k}={v}" for k, v in d.items())
+
+
+from . import cache, complete, daemon  # noqa: E402,F401  (registers the commands)

@@ -1,0 +1,97 @@
+"""`efim cache ls|stats|gc|clear`."""
+
+from __future__ import annotations
+
+import click
+
+from . import config_mod, emit, main, pairs, user_errors
+
+
+@main.group()
+def cache():
+    """Inspect and maintain the saved KV states.
+
+    \b
+    Examples:
+      efim cache stats
+      efim cache ls --json
+      efim cache gc
+    """
+
+
+def _admin_store():
+    from ..store import StateStore
+
+    return StateStore.admin(config_mod.load().store_config() or config_mod.Config().store_config())
+
+
+@cache.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@user_errors
+def cache_ls(as_json):
+    """List saved states, least recently used first.
+
+    \b
+    Example:
+      efim cache ls
+    """
+    with _admin_store() as store:
+        rows = store.index.rows()
+    if as_json:
+        return emit(rows, True)
+    for r in rows:
+        click.echo(f"{r['id'][:12]}  {r['tier']:4}  {r['n_tokens']:6} tok  {r['bytes'] / 1e6:8.2f} MB  "
+                   f"{r['hits']:4} hits  {r['path']}")
+
+
+@cache.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@user_errors
+def cache_stats(as_json):
+    """Tier usage against budgets, hits per tier, misses by reason.
+
+    \b
+    Example:
+      efim cache stats --json
+    """
+    with _admin_store() as store:
+        st = store.stats()
+    if as_json:
+        return emit(st, True)
+    for t, v in st["tiers"].items():
+        click.echo(f"{t:5} {v['states']:5} states  {v['bytes'] / 1e6:9.2f} / {v['budget_bytes'] / 1e6:.0f} MB")
+    click.echo("hits    " + pairs(st["hits"]))
+    click.echo("misses  " + pairs(st["misses"]))
+    if st["dropped"]:
+        click.echo("dropped " + pairs(st["dropped"]))
+
+
+@cache.command("gc")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@user_errors
+def cache_gc(as_json):
+    """Reconcile the index with the files (both ways) and enforce the budgets.
+
+    \b
+    Example:
+      efim cache gc
+    """
+    with _admin_store() as store:
+        out = store.gc()
+    emit(out, as_json, pairs(out) + "\n")
+
+
+@cache.command("clear")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@user_errors
+def cache_clear(as_json):
+    """Delete every saved state.
+
+    \b
+    Example:
+      efim cache clear
+    """
+    with _admin_store() as store:
+        n = len(store.index.rows())
+        store.clear()
+    emit({"deleted": n}, as_json, f"deleted {n} states\n")
