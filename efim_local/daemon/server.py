@@ -21,6 +21,7 @@ from .worker import Job, Worker
 
 log = logging.getLogger("efim.daemon")
 MAX_CONNECTIONS = 64
+IDLE_TIMEOUT = 3600.0  # seconds a connection may stay silent before it is closed
 _UCRED = struct.Struct("3i")
 
 
@@ -201,7 +202,7 @@ class Server:
             self.close()
 
     def accept(self, client: socket.socket) -> None:
-        client.settimeout(None)
+        client.settimeout(IDLE_TIMEOUT)
         uid = peer_uid(client)
         if uid != os.getuid():
             log.warning("refused a connection from uid %d", uid)

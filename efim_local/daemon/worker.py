@@ -36,6 +36,9 @@ class Job:
     queued_at: float = field(default_factory=time.monotonic)
 
 
+QUEUE_TIMEOUT = 30.0  # seconds a completion may wait before it is answered "busy"
+
+
 class Worker(threading.Thread):
     def __init__(self, engine: Engine, queue_size: int = 16):
         super().__init__(name="efim-engine", daemon=True)
@@ -158,6 +161,9 @@ class Worker(threading.Thread):
         try:
             if job.cancelled.is_set():
                 raise Cancelled()
+            if time.monotonic() - job.queued_at > QUEUE_TIMEOUT:
+                conn.send(P.error(rid, P.RpcError(P.BUSY, f"busy: waited more than {QUEUE_TIMEOUT:.0f} s in the queue")))
+                return
             out = self.engine.complete(job.request, on_text=on_text, should_stop=job.cancelled.is_set)
             self.cursors[job.key] = job.request.cursor
             self.served += 1
