@@ -54,4 +54,16 @@ def to_vocab(tok) -> BpeVocab:
         tokens[i] = text
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     special = {a["content"]: a["id"] for a in spec.get("added_tokens", []) if a.get("special")}
-    return BpeVocab(tokens, merges, special)
+    return BpeVocab(tokens, merges, special, _pre_tokenizer(spec.get("pre_tokenizer") or {}))
+
+
+def _pre_tokenizer(pre: dict) -> str:
+    """llama.cpp's name for a tokenizer.json pre-tokenizer we know; ValueError otherwise."""
+    kinds = [pre] + list(pre.get("pretokenizers", []))
+    if any(k.get("type") == "ByteLevel" and k.get("use_regex", True) for k in kinds) and \
+            not any(k.get("type") == "Split" for k in kinds):
+        return "gpt-2"
+    patterns = [str(k.get("pattern", {}).get("Regex", "")) for k in kinds if k.get("type") == "Split"]
+    if any("\\p{N}{1,3}" in p for p in patterns):
+        return "llama-bpe"
+    raise ValueError("unsupported pre-tokenizer in tokenizer.json (supported: GPT-2 byte level, Llama 3)")
