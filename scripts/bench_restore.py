@@ -21,7 +21,6 @@ from efim_local import benchutil as bu
 from efim_local.backend import ContextParams
 from efim_local.config import Config
 from efim_local.engine import CompletionRequest, Engine
-from efim_local.models import default_model
 from efim_local.store import StoreConfig
 from efim_local.tinymodel import stdlib_files
 
@@ -60,10 +59,7 @@ def drop_slot(engine: Engine) -> None:
 
 rows = []
 for name in args.models.split(","):
-    if name == "gemma":
-        model, template = bu.gemma_path(), bu.GEMMA_TEMPLATE
-    else:
-        model, template = default_model(), None
+    model, template = bu.bench_model(name)
     for n in tqdm(sizes, desc=name):
         cfg = Config(model=str(model), fim_template=template,
                      context=ContextParams(n_ctx_seq=n + 256, n_slots=1, n_batch=512))
@@ -104,5 +100,5 @@ for name in args.models.split(","):
 
 cols = list(rows[0])
 print(bu.table(rows, cols))
-path = bu.save("restore", {"args": vars(args), "rows": rows})
+path = bu.save("restore-" + args.models.replace(",", "-"), {"args": vars(args), "rows": rows})
 print(f"saved {path}")
