@@ -12,7 +12,9 @@ import numpy as np
 from . import templates
 from .backend import Batch, Context, Model, NoKvSlot, Sampler, SamplerParams
 from .config import Config
+from . import healing
 from .gguf_llama import KEY_FRAGMENT, KEY_LAYOUT
+from .healing import Healer
 from .planner import FileSession, Plan, Planner, PlannerLimits
 from .slots import Slot, SlotManager
 from .store import StateStore, StoreConfig, kvblob
@@ -40,6 +42,7 @@ class CompletionRequest:
     stop_at_newline: bool = False
     max_lines: int | None = None
     ignore_eog: bool = False  # benchmarks: always generate max_tokens
+    heal: bool = False  # token healing: re-choose the partial word's last token (non-fragment models)
 
 
 @dataclass
@@ -114,6 +117,12 @@ class Engine:
         self.default_layout = config.layout or (
             (self.model.meta(KEY_LAYOUT) or "efim") if self.fragment_trained else "fim")
 
+    @property
+    def healer(self) -> Healer:
+        if getattr(self, "_healer", None) is None:
+            self._healer = Healer([self.model.piece(t) for t in range(self.model.n_vocab)])
+        return self._healer
+
     # -- lifetime -----------------------------------------------------------
     def close(self) -> None:
         """Save dirty slots to disk, then free llama.cpp objects."""
@@ -147,9 +156,15 @@ class Engine:
         """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``."""
         t0 = time.perf_counter()
         plan = self.plan(req)
+        tokens, heal = plan.tokens, b""
+        if req.heal and plan.middle_tokens and Healer.should_heal(self.model.piece(plan.middle_tokens[-1])):
+            # Back off the middle's last token; generation must spell it out again.
+            cut = plan.middle_start + len(plan.middle_tokens) - 1
+            heal = self.model.piece(tokens[cut])
+            tokens = tokens[:cut] + tokens[cut + 1:]
         plan_ms = (time.perf_counter() - t0) * 1e3
-        out = self.run(plan.tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
-                       on_text=on_text, should_stop=should_stop)
+        out = self.run(tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
+                       on_text=on_text, should_stop=should_stop, heal=heal)
         self.slots.slots[out.slot].text = req.text
         out.timings.plan_ms = plan_ms
         out.layout = plan.layout
@@ -160,11 +175,12 @@ class Engine:
 
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
             t0: float | None = None, on_text=None, checkpoint: int | None = None,
-            should_stop=None) -> Completion:
+            should_stop=None, heal: bytes = b"") -> Completion:
         """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV.
 
         ``checkpoint`` is the prompt length worth saving for sliding-window models.
         ``should_stop()`` is polled between batches and tokens; when true, Cancelled is raised.
+        ``heal`` is text backed off the prompt that the first tokens must spell out again.
         """
         t0 = t0 if t0 is not None else time.perf_counter()
         prompt = np.asarray(tokens, dtype=np.int32)
@@ -189,7 +205,7 @@ class Engine:
             counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
             with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
                 ids, stream, reason, t_first = self._generate(slot, len(prompt), sampler, rules, on_text,
-                                                              req.ignore_eog, should_stop)
+                                                              req.ignore_eog, should_stop, heal)
         finally:
             # Keep the prompt (as far as it was decoded), drop the output: the next keystroke reuses it.
             if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
@@ -301,7 +317,7 @@ class Engine:
                 victim.reset()
 
     def _generate(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text,
-                  ignore_eog: bool = False, should_stop=None):
+                  ignore_eog: bool = False, should_stop=None, heal: bytes = b""):
         """Sample until a stop rule fires; returns (ids, stream, stop_reason, time of first token)."""
         stream = TextStream(rules)
         ids: list[int] = []
@@ -309,14 +325,20 @@ class Engine:
         stop_tokens = self.template.stop_tokens
         t_first, reason = None, "max_tokens"
         while len(ids) < rules.max_tokens:
-            tok = sampler.sample(self.ctx, row)
+            if heal:  # constrained: the token must agree with the backed-off text
+                tok = healing.pick(self.ctx.logits(row), self.healer.allowed(heal))
+                raw = self.model.piece(tok)
+                raw, heal = (raw[len(heal):], b"") if raw.startswith(heal) else (b"", heal[len(raw):])
+            else:
+                tok = sampler.sample(self.ctx, row)
+                raw = self.model.piece(tok)
             if t_first is None:
                 t_first = time.perf_counter()
             if not ignore_eog and (self.model.is_eog(tok) or tok in stop_tokens):
                 reason = "eog"
                 break
             ids.append(tok)
-            piece = stream.feed(self.model.piece(tok))
+            piece = stream.feed(raw)
             if piece and on_text:
                 on_text(piece)
             if stream.stop_reason:

@@ -157,3 +157,22 @@ def test_reused_kv_is_token_identical_to_empty_cache(engine, reference, src, sta
         ref = cold(reference, plan.tokens, max_tokens=6)
         assert warm.token_ids == ref.token_ids, (edit, warm.tokens)
         assert warm.tokens.prompt == len(plan.tokens)
+
+
+def test_token_healing(tiny_model):
+    """The backed-off token is spelled out again by the first generated token(s), never shown twice."""
+    with Engine(small_config(), tiny_model) as e:
+        doc = "import collections\n\ncounts = collections.Coun\n"
+        cur = doc.index("Coun") + 4
+        r = CompletionRequest(doc, cur, path="heal.py", layout="efim", max_tokens=6, heal=True)
+        plan = e.plan(r)
+        last = e.model.piece(plan.middle_tokens[-1])
+        assert last.endswith(b"n")
+        out = e.complete(r)
+        spelled = b"".join(e.model.piece(t) for t in out.token_ids)
+        assert spelled.startswith(last)  # the constraint held
+        assert out.text.encode() == spelled[len(last):][:len(out.text.encode())]
+        assert out.tokens.prompt == len(plan.tokens) - 1
+        for layout in ("efim", "fim"):  # and the same for standard FIM
+            o = e.complete(CompletionRequest(doc, cur, path="heal2.py", layout=layout, max_tokens=4, heal=True))
+            assert b"".join(e.model.piece(t) for t in o.token_ids).startswith(last)

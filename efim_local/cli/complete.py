@@ -20,13 +20,14 @@ from . import build_config, emit, fail, main, model_options, user_errors
 @click.option("--temperature", type=click.FloatRange(0, 5), default=0.0, show_default=True)
 @click.option("--stop-at-newline", is_flag=True, help="Stop at the end of the first line.")
 @click.option("--max-lines", type=click.IntRange(1, 1000), help="Stop after this many lines.")
+@click.option("--heal", is_flag=True, help="Token healing: re-choose the partial word at the cursor.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the text.")
 @click.option("--no-cache", is_flag=True, help="Neither restore nor save KV states.")
 @click.option("--no-daemon", is_flag=True, help="Run in-process even if a daemon is running.")
 @click.option("--start-daemon", is_flag=True, help="Start the daemon if it is not running, then use it.")
 @model_options
 @user_errors
-def complete(path, line, column, from_stdin, max_tokens, temperature, stop_at_newline, max_lines, as_json,
+def complete(path, line, column, from_stdin, max_tokens, temperature, stop_at_newline, max_lines, heal, as_json,
              no_cache, no_daemon, start_daemon, **model_kw):
     """Complete the code at a cursor position in PATH.
 
@@ -45,7 +46,7 @@ def complete(path, line, column, from_stdin, max_tokens, temperature, stop_at_ne
     own_model = any(v is not None for k, v in model_kw.items() if k != "layout")
     if not (no_daemon or no_cache or own_model):
         out = _complete_via_daemon(start_daemon, key, text, cursor, max_tokens, temperature, stop_at_newline,
-                                   max_lines, model_kw.get("layout"))
+                                   max_lines, model_kw.get("layout"), heal)
         if out is not None:
             return emit(out, as_json, out["text"] + "\n")
     cfg = build_config(**model_kw)
@@ -54,12 +55,12 @@ def complete(path, line, column, from_stdin, max_tokens, temperature, stop_at_ne
     with open_engine(cfg) as engine:
         out = engine.complete(CompletionRequest(
             text=text, cursor=cursor, path=key, max_tokens=max_tokens, temperature=temperature,
-            stop_at_newline=stop_at_newline, max_lines=max_lines))
+            stop_at_newline=stop_at_newline, max_lines=max_lines, heal=heal))
         emit(out.to_json(), as_json, out.text + "\n")
         sys.stdout.flush()  # the answer is out before the state is written (on close)
 
 
-def _complete_via_daemon(start, path, text, cursor, max_tokens, temperature, stop_at_newline, max_lines, layout):
+def _complete_via_daemon(start, path, text, cursor, max_tokens, temperature, stop_at_newline, max_lines, layout, heal):
     """The daemon's answer, or None when no daemon runs (and none was asked for)."""
     from ..daemon import client
     from ..daemon.protocol import RpcError
@@ -69,7 +70,7 @@ def _complete_via_daemon(start, path, text, cursor, max_tokens, temperature, sto
 
         start_daemon(120.0, {})
     params = {"path": path, "text": text, "offset": cursor, "max_tokens": max_tokens, "temperature": temperature,
-              "stop_at_newline": stop_at_newline, "max_lines": max_lines, "layout": layout}
+              "stop_at_newline": stop_at_newline, "max_lines": max_lines, "layout": layout, "heal": heal}
     try:
         with client.Client(timeout=300) as c:
             return c.call("complete", {k: v for k, v in params.items() if v is not None})

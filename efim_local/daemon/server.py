@@ -266,7 +266,8 @@ class Server:
             seed=P.get(p, "seed", int, 0, lo=0, hi=(1 << 32) - 1),
             layout=layout,
             stop_at_newline=P.get(p, "stop_at_newline", bool, False),
-            max_lines=P.get(p, "max_lines", int, None, lo=1, hi=1000))
+            max_lines=P.get(p, "max_lines", int, None, lo=1, hi=1000),
+            heal=P.get(p, "heal", bool, False))
         if msg.is_notification:
             raise P.RpcError(P.INVALID_REQUEST, "complete needs an id")
         self.worker.submit(Job(msg.id, path, req, conn, stream=P.get(p, "stream", bool, False)))
