@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup run test bench clean nvim
+.PHONY: setup run test bench clean nvim model
 
 setup: $(STAMP)
 
@@ -25,6 +25,11 @@ run: setup
 
 test: setup nvim
 	$(PY) -m pytest -q
+
+# Reproduce the bundled default model from scratch (about 30 min on 2 cores).
+model: setup
+	$(PY) -m pip install -q -e '.[train]'
+	$(PY) scripts/train.py --out out/train --gguf efim_local/data/efim-default.gguf
 
 bench: setup
 	$(PY) -m pip install -q -e '.[bench]'

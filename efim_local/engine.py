@@ -238,21 +238,26 @@ class Engine:
             store.count("hit_slot" if tier == "slot" else f"miss_{found.miss_reason or 'no_state'}")
             return n_common, tier
         n = len(m.tokens) if self.swa else min(m.n, len(prompt) - 1)
-        payload = store.load(m, n) if n < len(prompt) else None
-        if payload is not None:
-            try:
-                self.ctx.set_seq_state(slot.seq, kvblob.wrap(payload, self.n_stream))
-                # Verify before decoding: the slot must hold exactly positions [0, n).
-                ok = self.ctx.seq_pos_max(slot.seq) == n - 1
-            except Exception:  # llama.cpp rejected it, or it does not parse
-                ok = False
-            if ok:
-                slot.tokens, slot.dirty = prompt[:n], False
-                store.count(f"hit_{m.tier}")
-                return n, m.tier
-            self.ctx.seq_rm(slot.seq, 0, -1)
-            slot.reset()
-            store.count("dropped_corrupt")
+        if n >= len(prompt):  # a whole sliding-window state as long as the prompt: nothing left to decode
+            store.count("hit_slot" if tier == "slot" else "miss_no_state")
+            return n_common, tier
+        payload = store.load(m, n)
+        if payload is None:  # the state file was bad and has been dropped; the slot is untouched
+            store.count("miss_corrupt")
+            return n_common, tier
+        try:
+            self.ctx.set_seq_state(slot.seq, kvblob.wrap(payload, self.n_stream))
+            # Verify before decoding: the slot must hold exactly positions [0, n).
+            ok = self.ctx.seq_pos_max(slot.seq) == n - 1
+        except Exception:  # llama.cpp rejected it, or it does not parse
+            ok = False
+        if ok:
+            slot.tokens, slot.dirty = prompt[:n], False
+            store.count(f"hit_{m.tier}")
+            return n, m.tier
+        self.ctx.seq_rm(slot.seq, 0, -1)
+        slot.reset()
+        store.count("dropped_corrupt")
         store.count("miss_corrupt")
         return 0, "none"
 
