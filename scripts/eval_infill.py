@@ -80,9 +80,9 @@ def passes(task, middle: str) -> bool:
 
 
 def cut_to_hole(text: str) -> str:
-    """Single-line holes end at the line's end; others are taken as generated."""
-    if args.set == "SingleLine" and "\n" in text:
-        return text[:text.index("\n") + 1]
+    """Single-line holes end at the line's end (newline included); others are taken as generated."""
+    if args.set == "SingleLine":
+        return text.split("\n", 1)[0] + "\n"
     return text
 
 
@@ -105,7 +105,7 @@ with Engine(cfg, model) as e:
             anchor = Anchor(len(head), head, tuple(tok(head)), suffix, tuple(tok(suffix)))
             e.sessions[task["task_id"]] = FileSession(anchor=anchor, layout=lay)
             req = CompletionRequest(doc, len(head) + len(typed), path=task["task_id"], layout=lay,
-                                    max_tokens=args.max_tokens, heal=heal)
+                                    max_tokens=args.max_tokens, heal=heal, stop_at_newline=args.set == "SingleLine")
             middle = cut_to_hole(e.complete(req).text)
             hole = (typed + middle) if args.protocol == "typed" else middle
             rows[layout].append({"task": task["task_id"], "exact": hole.strip() == want.strip(),

@@ -101,3 +101,12 @@ def test_status_reports_sliding_window_strategy(tiny_model_swa):
     status = json.loads(efim_cli("status", "--json", "--model", str(tiny_model_swa)).stdout)
     assert status["sliding_window"] == 32 and status["swa_strategy"] == "swa_full"
     assert status["state_restore"] == "whole-state checkpoints"
+
+
+def test_bundled_default_model_is_fragment_trained(src):
+    """Without --model, `efim complete` uses the bundled model, which picks EFIM by itself."""
+    r = efim_cli("complete", str(src), "-l", "2", "-c", "9", "--json", "--max-tokens", "4", "--no-daemon")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["layout"] == "efim"
+    status = json.loads(efim_cli("status", "--json").stdout)
+    assert status["fragment_trained"] is True and status["model"].endswith("efim-default.gguf")

@@ -34,6 +34,9 @@ def user_errors(fn):
     def wrapper(*a, **kw):
         try:
             return fn(*a, **kw)
+        except BrokenPipeError:  # the reader went away (`| head`): nothing to report
+            sys.stderr.close()
+            sys.exit(0)
         except USER_ERRORS as e:
             fail(str(e) or e.__class__.__name__)
 
