@@ -12,29 +12,39 @@ from efim_local.tinymodel import read_texts, stdlib_files  # noqa: E402
 from efim_local.torch_llama import Llama  # noqa: E402
 
 
-def test_gguf_logits_match_pytorch(tmp_path):
-    vocab = bpe.to_vocab(bpe.train(read_texts(stdlib_files(300_000)), 512))
-    cfg = LlamaConfig(vocab_size=len(vocab.tokens), n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=160)
-    torch.manual_seed(0)
+def random_model(cfg: LlamaConfig, seed: int) -> Llama:
+    torch.manual_seed(seed)
     m = Llama(cfg)
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.15)  # larger than init, so the logits are far from uniform
-    path = gguf_llama.write(tmp_path / "rt.gguf", cfg, m.gguf_tensors(), vocab, name="roundtrip",
-                            fragment_trained=True, layout="efim")
+    return m
+
+
+def max_rel_error(path, m: Llama, text: str) -> float:
+    """llama.cpp's logits for every token of ``text`` against PyTorch's."""
     with Model(path) as model, Context(model, ContextParams(n_ctx_seq=256, n_slots=1, type_k="f32", type_v="f32")) as ctx, \
             Batch(256) as batch:
-        ids = model.tokenize("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n")
+        ids = model.tokenize(text)
         for i, t in enumerate(ids):
             batch.add(t, i, 0, logits=True)
         ctx.decode(batch)
         got = np.stack([ctx.logits(i) for i in range(len(ids))])
-        assert model.meta("efim.fragment_trained") == "true" and model.meta("efim.layout") == "efim"
     with torch.no_grad():
         want = m(torch.tensor([ids])).numpy()[0]
-    rel = np.abs(got - want).max() / np.abs(want).max()
-    assert rel <= 1e-3, rel
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def test_gguf_logits_match_pytorch(tmp_path):
+    vocab = bpe.to_vocab(bpe.train(read_texts(stdlib_files(300_000)), 512))
+    cfg = LlamaConfig(vocab_size=len(vocab.tokens), n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=160)
+    m = random_model(cfg, 0)
+    path = gguf_llama.write(tmp_path / "rt.gguf", cfg, m.gguf_tensors(), vocab, name="roundtrip",
+                            fragment_trained=True, layout="efim")
+    assert max_rel_error(path, m, "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n") <= 1e-3
+    with Model(path) as model:
+        assert model.meta("efim.fragment_trained") == "true" and model.meta("efim.layout") == "efim"
 
 
 def test_hf_directory_conversion(tmp_path):
@@ -45,12 +55,7 @@ def test_hf_directory_conversion(tmp_path):
     tok = bpe.train(read_texts(stdlib_files(200_000)), 400)
     vocab = bpe.to_vocab(tok)
     cfg = LlamaConfig(vocab_size=len(vocab.tokens), n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96)
-    torch.manual_seed(1)
-    m = Llama(cfg)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.15)
+    m = random_model(cfg, 1)
     g = m.gguf_tensors()
 
     def to_hf_rows(w, n_head):  # adjacent-pair RoPE rows -> HF's half-split rows
@@ -80,17 +85,7 @@ def test_hf_directory_conversion(tmp_path):
     import json
 
     (d / "config.json").write_text(json.dumps(conf))
-    path = from_hf(d, tmp_path / "hf.gguf")
-    with Model(path) as model, Context(model, ContextParams(n_ctx_seq=128, n_slots=1, type_k="f32", type_v="f32")) as ctx, \
-            Batch(128) as batch:
-        ids = model.tokenize("class Point:\n    x: int\n")
-        for i, t in enumerate(ids):
-            batch.add(t, i, 0, logits=True)
-        ctx.decode(batch)
-        got = np.stack([ctx.logits(i) for i in range(len(ids))])
-    with torch.no_grad():
-        want = m(torch.tensor([ids])).numpy()[0]
-    assert np.abs(got - want).max() / np.abs(want).max() <= 1e-3
+    assert max_rel_error(from_hf(d, tmp_path / "hf.gguf"), m, "class Point:\n    x: int\n") <= 1e-3
 
     (d / "config.json").write_text(json.dumps(dict(conf, architectures=["MistralForCausalLM"])))
     with pytest.raises(ConvertError, match="unsupported architecture 'MistralForCausalLM'"):
