@@ -110,3 +110,25 @@ def test_bundled_default_model_is_fragment_trained(src):
     assert json.loads(r.stdout)["layout"] == "efim"
     status = json.loads(efim_cli("status", "--json").stdout)
     assert status["fragment_trained"] is True and status["model"].endswith("efim-default.gguf")
+
+
+def test_daemon_commands(tmp_path, tiny_model):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "rt"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    (tmp_path / "rt").mkdir()
+    try:
+        r = efim_cli("daemon", "start", "--model", str(tiny_model), env=env)
+        assert r.returncode == 0 and b"started" in r.stdout, r.stderr
+        again = efim_cli("daemon", "start", "--model", str(tiny_model), env=env)
+        assert again.returncode == 2 and b"already running" in again.stderr
+        st = json.loads(efim_cli("daemon", "status", "--json", env=env).stdout)
+        assert st["running"] and st["model"] == str(tiny_model) and st["socket"].startswith(str(tmp_path / "rt"))
+        src = tmp_path / "d.py"
+        src.write_text(DOC * 12)
+        args = ["complete", str(src), "-l", "3", "-c", "1", "--json", "--max-tokens", "3"]
+        first, second = (json.loads(efim_cli(*args, env=env).stdout) for _ in range(2))
+        assert second["cache_tier"] == "slot" and second["tokens"]["evaluated"] == 1  # the daemon kept the slot
+        assert json.loads(efim_cli("daemon", "status", "--json", env=env).stdout)["served"] == 2
+    finally:
+        efim_cli("daemon", "stop", env=env)
+    r = efim_cli("daemon", "status", env=env)
+    assert r.returncode == 1 and b"not running" in r.stdout
