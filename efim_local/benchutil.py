@@ -54,11 +54,11 @@ def table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
 
 
-def save(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(exist_ok=True)
+def save(name: str, payload: dict, results: Path = RESULTS) -> Path:
+    results.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                "machine": platform.machine(), "python": platform.python_version(), **payload}
-    path = RESULTS / f"{name}.json"
+    path = results / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     return path
 

@@ -80,6 +80,18 @@ class Completion:
         return d
 
 
+def make_planner(model: Model, config: Config) -> tuple[templates.Template, Planner]:
+    """The FIM template and the planner a config gives for ``model`` (as the engine plans)."""
+    template = templates.resolve(
+        model, family=config.fim_family,
+        text=templates.parse_text_template(config.fim_template) if config.fim_template else None,
+        order=config.fim_order)
+    planner = Planner(model.tokenize, template.markers, PlannerLimits(
+        n_ctx=config.context.n_ctx_seq, max_middle_tokens=config.max_middle_tokens,
+        reserve_tokens=config.max_tokens))
+    return template, planner
+
+
 class Engine:
     """Owns the llama.cpp model and context. Not thread-safe: one thread drives it."""
 
@@ -87,10 +99,7 @@ class Engine:
         self.config = config
         self.model = Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu)
         try:
-            self.template = templates.resolve(
-                self.model, family=config.fim_family,
-                text=templates.parse_text_template(config.fim_template) if config.fim_template else None,
-                order=config.fim_order)
+            self.template, self.planner = make_planner(self.model, config)
             self.ctx = Context(self.model, config.context)
         except Exception:
             self.model.close()
@@ -99,8 +108,6 @@ class Engine:
         self.slots = SlotManager(config.context.n_slots)
         # With a unified KV cache llama.cpp lets any sequence use all cells; we cap each slot.
         self.n_ctx_seq = config.context.n_ctx_seq
-        self.planner = Planner(self.model.tokenize, self.template.markers, PlannerLimits(
-            n_ctx=self.n_ctx_seq, max_middle_tokens=config.max_middle_tokens, reserve_tokens=config.max_tokens))
         self.sessions: dict[str, FileSession] = {}
         # Sliding-window caches keep only the window when serialized: restore whole states only.
         self.swa = self.model.n_swa > 0

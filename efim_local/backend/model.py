@@ -32,13 +32,14 @@ class Model(Handle):
     """A loaded GGUF model. Use as a context manager, or call close()."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True,
-                 main_gpu: int = 0):
+                 main_gpu: int = 0, vocab_only: bool = False):
         ensure_backend()
         self.path = check_gguf(path)
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.main_gpu = main_gpu
         params.use_mmap = use_mmap
+        params.vocab_only = vocab_only  # tokenizer only: for planning prompts another process runs
         ptr = lib.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
             raise ModelError(f"llama.cpp could not load {self.path} (unsupported architecture or corrupt file)")

@@ -1,0 +1,112 @@
+"""``efim bench``: the paper's rounds, state restores and the edit-trace replay in one run, on one
+model, with a table, a JSON file and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import benchutil as bu
+from . import peers, replay, restore, rounds
+
+PARTS = ("replay", "rounds", "restore")
+
+
+@dataclass
+class SuiteConfig:
+    model: str = "gemma"  # 'gemma', 'default' or a GGUF path
+    quick: bool = False
+    parts: tuple[str, ...] = PARTS
+    server: Path = peers.SERVER_BIN
+    threads: int = 0
+    out: Path = Path("bench-results")
+    max_requests: int | None = None  # replay requests per backend (default: 16 quick, 200 full)
+
+
+def bench_model(name: str) -> tuple[Path, str | None]:
+    """The model every part runs; for gemma3-270m a copy with FIM tokens, so ``/infill`` works."""
+    if name == "gemma":
+        from ..config import cache_home
+        from ..gguf_fim import with_fim_tokens
+
+        dst = cache_home() / "gemma3-270m-q4_k_m-fim.gguf"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        return with_fim_tokens(bu.gemma_path(), dst), None
+    return bu.bench_model(name)
+
+
+def run(cfg: SuiteConfig, log=print) -> dict:
+    model, template = bench_model(cfg.model)
+    q = cfg.quick
+    res: dict = {"model": str(model), "config": {k: str(v) for k, v in asdict(cfg).items()}}
+    if "replay" in cfg.parts:
+        rc = replay.ReplayConfig(model, max_requests=cfg.max_requests or (16 if q else 200),
+                                 max_tokens=16 if q else 32, threads=cfg.threads, server=cfg.server)
+        res["replay"] = replay.run(rc)
+        log(_replay_table(res["replay"]))
+    if "rounds" in cfg.parts:
+        res["rounds"] = rounds.run(model, template, files=1 if q else 4, rounds=3 if q else 5,
+                                   max_tokens=32 if q else 128, threads=cfg.threads)
+        log(bu.table(res["rounds"]["summary"], list(res["rounds"]["summary"][0])))
+        log(f"FIM/EFIM mean TTFT: {res['rounds']['ratio_ttft_mean']:.2f}x all rounds, "
+            f"{res['rounds']['ratio_ttft_mean_later']:.2f}x after the first\n")
+    if "restore" in cfg.parts:
+        res["restore"] = restore.run(cfg.model, model, template, [2048] if q else [1024, 4096, 8192],
+                                     repeat=1 if q else 3)
+        log(bu.table(res["restore"], list(res["restore"][0])) + "\n")
+    name = f"bench-{Path(cfg.model).stem if cfg.model not in ('gemma', 'default') else cfg.model}" + \
+        ("-quick" if q else "")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    res["json"] = str(bu.save(name, res, cfg.out))
+    if "replay" in res or "rounds" in res:
+        res["png"] = str(chart(res, cfg.out / f"{name}.png"))
+    return res
+
+
+def _replay_table(r: dict) -> str:
+    lines = [f"Edit-trace replay: {r['requests']} requests per backend ({', '.join(r['files'])})",
+             bu.table(r["summary"], list(r["summary"][0])) if r["summary"] else "(no backend ran)"]
+    return "\n".join(lines + [f"note: {n}" for n in r["notes"]]) + "\n"
+
+
+def chart(res: dict, path: Path) -> Path:
+    """Bars of the replay's time to first token and tokens evaluated, and the rounds' TTFT."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("the chart needs matplotlib: pip install -e '.[bench]'") from None
+    panels = [p for p in ("replay", "rounds") if p in res]
+    fig, axes = plt.subplots(1, len(panels) + ("replay" in res), figsize=(5.5 * (len(panels) + 1), 4.2))
+    axes = list(axes) if hasattr(axes, "__len__") else [axes]
+    if "replay" in res:
+        s = res["replay"]["summary"]
+        names = [x["backend"].replace("llama-server ", "server\n").replace("efim daemon ", "efim\n") for x in s]
+        ax = axes.pop(0)
+        xs = range(len(s))
+        ax.bar([i - 0.2 for i in xs], [x["ttft_p50_ms"] for x in s], 0.4, label="p50")
+        ax.bar([i + 0.2 for i in xs], [x["ttft_p95_ms"] for x in s], 0.4, label="p95")
+        ax.set_yscale("log")
+        ax.set_xticks(list(xs), names, fontsize=8)
+        ax.set_ylabel("time to first token (ms, log)")
+        ax.set_title(f"Edit-trace replay ({res['replay']['requests']} requests)")
+        ax.legend()
+        ax = axes.pop(0)
+        ax.bar(list(xs), [x["evaluated_mean"] for x in s], color="tab:green")
+        ax.set_xticks(list(xs), names, fontsize=8)
+        ax.set_ylabel("prompt tokens evaluated per request")
+        ax.set_title("Tokens computed per request")
+    if "rounds" in res:
+        s = res["rounds"]["summary"]
+        ax = axes.pop(0)
+        ax.bar([x["layout"].upper() for x in s], [x["ttft_mean_ms"] for x in s], color="tab:purple")
+        ax.set_ylabel("mean time to first token (ms)")
+        ax.set_title("EFIM paper rounds")
+    fig.suptitle(f"efim bench: {Path(res['model']).name}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

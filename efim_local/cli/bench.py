@@ -1,0 +1,46 @@
+"""`efim bench`: benchmarks against llama-server, with a table, JSON and a chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from . import emit, main, user_errors
+
+
+@main.command()
+@click.option("--quick", is_flag=True, help="A short run (about 5 minutes on 2 cores).")
+@click.option("--model", "-m", default="gemma", show_default=True,
+              help="'gemma' (gemma3-270m, FIM tokens marked for /infill), 'default', or a GGUF path.")
+@click.option("--only", type=click.Choice(["replay", "rounds", "restore"]), multiple=True,
+              help="Run only these parts (repeatable).")
+@click.option("--server", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="llama-server binary (default: native/build/server/bin/llama-server, `make server`).")
+@click.option("--requests", "max_requests", type=click.IntRange(1, 100000),
+              help="Edit-trace requests per backend (default: 16 quick, 200 full).")
+@click.option("--threads", type=click.IntRange(0, 1024), default=0, help="CPU threads (0: all).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
+              show_default=True, help="Where the JSON and PNG go.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
+@user_errors
+def bench(quick, model, only, server, max_requests, threads, out, as_json):
+    """Replay real edits through efim (EFIM, FIM) and llama-server (/infill, /completion), then
+    the EFIM paper's rounds and the state-restore benchmark, all on one model.
+
+    \b
+    Examples:
+      make server && efim bench --quick
+      efim bench --model default --only replay --json
+    """
+    from ..bench import peers, suite
+
+    cfg = suite.SuiteConfig(model=model, quick=quick, parts=tuple(only) or suite.PARTS,
+                            server=server or peers.SERVER_BIN, threads=threads, out=out,
+                            max_requests=max_requests)
+    res = suite.run(cfg, log=(lambda s: None) if as_json else click.echo)
+    if as_json:
+        emit({k: v for k, v in res.items() if k != "replay"} | {
+            "replay": {k: v for k, v in res.get("replay", {}).items() if k != "rows"}}, True)
+    else:
+        click.echo(f"saved {res['json']}" + (f" and {res['png']}" if res.get("png") else ""))
