@@ -24,13 +24,14 @@ def unused_tokens(reader: gguf.GGUFReader, n: int = 3) -> list[int]:
     return ids
 
 
-def with_fim_tokens(src: str | Path, dst: str | Path) -> Path:
-    """Write ``dst``: ``src`` with FIM token ids set to unused tokens (skipped if ``dst`` is newer)."""
+def with_fim_tokens(src: str | Path, dst: str | Path, ids: list[int] | None = None) -> Path:
+    """Write ``dst``: ``src`` with PRE/SUF/MID token ids set to ``ids`` (default: the first unused
+    tokens). Skipped when ``dst`` is already newer than ``src``."""
     src, dst = Path(src), Path(dst)
     if dst.exists() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     r = gguf.GGUFReader(src)
-    ids = unused_tokens(r)
+    ids = ids or unused_tokens(r)
     arch = r.fields["general.architecture"].contents()
     tmp = dst.with_suffix(".tmp")
     w = gguf.GGUFWriter(tmp, arch=arch)

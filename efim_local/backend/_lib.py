@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 
 import llama_cpp as lib
@@ -31,6 +32,15 @@ def ensure_backend() -> None:
             lib.llama_log_set(_log_cb, ctypes.c_void_p(0))
             lib.llama_backend_init()
             _ready = True
+
+
+def library_info() -> dict:
+    """Which llama.cpp library is loaded: its path, whether it came from ``LLAMA_CPP_LIB_PATH``
+    (a custom build such as native/'s CUDA one) or llama-cpp-python's own, and GPU offload."""
+    custom = os.environ.get("LLAMA_CPP_LIB_PATH")
+    return {"library": library_path(),
+            "library_source": f"LLAMA_CPP_LIB_PATH={custom}" if custom else "llama-cpp-python",
+            "gpu_offload": bool(lib.llama_supports_gpu_offload())}
 
 
 def library_path() -> str:

@@ -71,16 +71,22 @@ def model_options(fn):
         click.option("--n-ctx", type=click.IntRange(64, 1 << 20), help="Context tokens per slot."),
         click.option("--threads", type=click.IntRange(0, 1024), help="CPU threads (0: all)."),
         click.option("--n-gpu-layers", type=click.IntRange(0, 100000), help="Layers to offload (CUDA builds)."),
+        click.option("--main-gpu", type=click.IntRange(0, 1024), help="GPU for the model and scratch buffers (CUDA builds)."),
+        click.option("--offload-kqv/--no-offload-kqv", default=None, help="Keep the KV cache and attention on the GPU (CUDA builds)."),
+        click.option("--flash-attn/--no-flash-attn", default=None, help="Use flash attention."),
     ]
     for o in reversed(opts):
         fn = o(fn)
     return fn
 
 
-def build_config(model, layout, fim_template, fim_family, n_ctx, threads, n_gpu_layers, **extra):
+def build_config(model, layout, fim_template, fim_family, n_ctx, threads, n_gpu_layers, main_gpu,
+                 offload_kqv, flash_attn, **extra):
+    """The config file's settings with the command line's on top (None: not given)."""
     cfg = config_mod.load()
     return cfg.with_overrides(model=model, layout=layout, fim_template=fim_template, fim_family=fim_family,
-                              n_ctx_seq=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, **extra)
+                              n_ctx_seq=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                              main_gpu=main_gpu, offload_kqv=offload_kqv, flash_attn=flash_attn, **extra)
 
 
 

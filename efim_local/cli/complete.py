@@ -92,13 +92,13 @@ def status(as_json, **model_kw):
       efim status --json
     """
     from ..api import open_engine
-    from ..backend._lib import library_path
+    from ..backend._lib import library_info
 
     cfg = build_config(**model_kw)
     with open_engine(cfg.with_overrides(store=False)) as engine:
         info = {
             "model": str(engine.model.path), "description": engine.model.description(),
-            "library": library_path(), "layout": engine.default_layout,
+            **library_info(), "layout": engine.default_layout,
             "fragment_trained": engine.fragment_trained, "template": engine.template.source,
             "slots": cfg.context.n_slots, "n_ctx_seq": cfg.context.n_ctx_seq,
             "sliding_window": engine.model.n_swa, "swa_strategy": engine.swa_strategy,

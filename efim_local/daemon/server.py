@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from ..document import MAX_DOCUMENT_BYTES
+from ..backend._lib import library_info
 from ..engine import CompletionRequest, Engine
 from . import paths
 from . import protocol as P
@@ -309,8 +310,8 @@ class Server:
     def status(self) -> dict:
         def snapshot(e: Engine) -> dict:
             return {
-                "model": str(e.model.path), "layout": e.default_layout, "swa_strategy": e.swa_strategy,
-                "slots": [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens)} for s in e.slots.slots],
+                "model": str(e.model.path), **library_info(), "layout": e.default_layout,
+                "swa_strategy": e.swa_strategy, "slots": [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens)} for s in e.slots.slots],
                 "store": e.store.stats() if e.store else None,
             }
 
