@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup run test bench clean nvim model
+.PHONY: setup run test bench bench-quick cuda server clean nvim model
 
 setup: $(STAMP)
 
@@ -31,9 +31,22 @@ model: setup
 	$(PY) -m pip install -q -e '.[train]'
 	$(PY) scripts/train.py --out out/train --gguf efim_local/data/efim-default.gguf
 
-bench: setup
+# llama-server (CPU) from the pinned llama.cpp source: the peer `efim bench` compares against.
+server:
+	PY=$(PY) bash native/build_server.sh
+
+# The same llama.cpp with CUDA for CUDA_ARCHS (cuBLAS from PyPI); see native/README.md.
+CUDA_ARCHS ?= 86-real
+cuda:
+	PY=$(PY) CUDA_ARCHS="$(CUDA_ARCHS)" bash native/build_cuda.sh
+
+bench-quick: setup server
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) scripts/bench_rounds.py
+	$(VENV)/bin/efim bench --quick
+
+bench: setup server
+	$(PY) -m pip install -q -e '.[bench]'
+	$(VENV)/bin/efim bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -7,8 +7,8 @@ For each task the hole is generated greedily (up to 128 tokens).
   prefix; EFIM after the middle marker. Both must continue a partial word,
   which is where fragment training and token healing matter.
 - ``--protocol paper``: the EFIM paper's sub-token test. FIM sends the whole
-  prompt as the prefix; EFIM splits the prompt at a random character and sends
-  the tail after the middle marker.
+  prompt as the prefix (tokenized in one piece); EFIM splits the prompt at a
+  random character and sends the tail after the middle marker.
 
 ``--heal`` adds rows with token healing.
 Generated code runs in a separate process with a timeout and memory limit,
@@ -101,8 +101,10 @@ with Engine(cfg, model) as e:
         doc = head + typed + suffix
         for layout in rows:
             lay, heal = layout.split("+")[0], layout.endswith("+heal")
-            # The planner's own path, anchored at the start of the typed text.
-            anchor = Anchor(len(head), head, tuple(tok(head)), suffix, tuple(tok(suffix)))
+            # The planner's own path, anchored at the start of the typed text. The paper's FIM
+            # baseline sends the whole prompt as the prefix, tokenized in one piece.
+            a = len(prompt) if args.protocol == "paper" and lay == "fim" else len(head)
+            anchor = Anchor(a, doc[:a], tuple(tok(doc[:a])), suffix, tuple(tok(suffix)))
             e.sessions[task["task_id"]] = FileSession(anchor=anchor, layout=lay)
             req = CompletionRequest(doc, len(head) + len(typed), path=task["task_id"], layout=lay,
                                     max_tokens=args.max_tokens, heal=heal, stop_at_newline=args.set == "SingleLine")

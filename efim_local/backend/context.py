@@ -34,7 +34,9 @@ class ContextParams:
 class Context(Handle):
     """A llama.cpp context with ``n_slots`` sequences sharing one unified KV cache."""
 
-    def __init__(self, model: Model, params: ContextParams):
+    def __init__(self, model: Model, params: ContextParams, eval_callback=None):
+        """``eval_callback``: a ``ggml_backend_sched_eval_callback`` kept alive with the context
+        (see infinigen.capture); None for none, which is what the keystroke path uses."""
         import os
 
         self.model = model
@@ -56,6 +58,9 @@ class Context(Handle):
                 raise BackendError(f"unsupported KV type {t!r}; use one of {', '.join(KV_TYPES)}")
             setattr(p, name, KV_TYPES[t])
         p.no_perf = True
+        self._eval_callback = eval_callback
+        if eval_callback is not None:
+            p.cb_eval = eval_callback
         ptr = lib.llama_init_from_model(model.ptr, p)
         if not ptr:
             raise BackendError("llama.cpp could not create a context (out of memory?)")

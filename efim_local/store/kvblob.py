@@ -173,12 +173,21 @@ def positions(normalized: bytes) -> list[np.ndarray]:
 def select(normalized: bytes, keep) -> bytes:
     """Keep only cells for which ``keep(pos_array) -> bool mask`` holds, in every cache."""
     blob = parse_normalized(normalized)
+    return select_cells(blob, [None if s is None else keep(s.pos) for s in blob.sections])
+
+
+def select_cells(blob: Blob, masks: list) -> bytes:
+    """Keep the cells each section's boolean mask marks (one mask per section, in order)."""
+    if len(masks) != len(blob.sections):
+        raise BlobError("one mask per cache section is needed")
     out = []
-    for s in blob.sections:
+    for s, mask in zip(blob.sections, masks):
         if s is None:
             out.append(_U32.pack(0))
             continue
-        mask = np.asarray(keep(s.pos), dtype=bool)
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != (s.cell_count,):
+            raise BlobError("mask does not match the section's cells")
         n = int(mask.sum())
         if n == 0:
             out.append(_U32.pack(0))
