@@ -44,7 +44,11 @@ class SparseRestorer:
     def masks(self, blob: kvblob.Blob, first: np.ndarray) -> list:
         """Masks for every section: ``first`` for the first, the visible window for a sliding one."""
         out = [first]
+        whole = bool(np.all(first))  # a 100% selection restores the state as saved: exact
         for s in blob.sections[1:]:
+            if whole:
+                out.append(None if s is None else np.ones(s.cell_count, bool))
+                continue
             out.append(None if s is None else (window_mask(s.pos, self.n_swa) if self.n_swa else np.ones(s.cell_count, bool)))
         return out
 

@@ -1,0 +1,179 @@
+"""InfiniGen on real llama.cpp states: capture, calibration, partial keys, selection, sparse restore."""
+
+import numpy as np
+import pytest
+
+from efim_local.backend import Batch, Context, ContextParams, Model
+from efim_local.infinigen import select, skew as skew_mod
+from efim_local.infinigen.capture import QKCapture
+from efim_local.infinigen.restore import SparseRestorer
+from efim_local.infinigen.select import SelectConfig, Unsupported
+from efim_local.store import kvblob
+from efim_local.store.fingerprint import model_fingerprint
+
+TEXT = open(__file__.replace("test_infinigen.py", "../efim_local/planner.py"), encoding="utf-8").read() * 3
+
+
+@pytest.fixture(scope="module", params=["llama", "swa"])
+def calibrated(request, tiny_model, tiny_model_swa):
+    path = tiny_model if request.param == "llama" else tiny_model_swa
+    fp = model_fingerprint(path).hex()
+    return path, skew_mod.calibrate(path, TEXT, fp, n_tokens=400), fp
+
+
+class Session:
+    """A context with the capture callback, one slot, and a prefilled long state."""
+
+    def __init__(self, path, n=300, type_k="f16"):
+        self.cap = QKCapture()
+        self.model = Model(path)
+        self.ctx = Context(self.model, ContextParams(n_ctx_seq=1024, n_slots=1, n_batch=128, type_k=type_k),
+                           self.cap.callback)
+        self.batch = Batch(128)
+        self.ids = self.model.tokenize(TEXT)[:n + 16]
+        skew_mod.decode_captured(self.ctx, self.batch, self.cap, self.ids[:n], 0)
+        self.state = kvblob.normalize(self.ctx.seq_state(0))
+        self.n = n
+
+    def logits_after(self, tail):
+        self.batch.clear()
+        for i, t in enumerate(tail):
+            self.batch.add(t, self.n + i, 0, logits=i == len(tail) - 1)
+        self.ctx.decode(self.batch)
+        return np.array(self.ctx.logits(len(tail) - 1))
+
+    def close(self):
+        for h in (self.batch, self.ctx, self.model):
+            h.close()
+
+
+def test_capture_gives_the_post_rope_keys_the_cache_holds(calibrated):
+    path, sk, _ = calibrated
+    s = Session(path, type_k="f32")
+    try:
+        s.cap.start()
+        s.ctx.seq_rm(0, 0, -1)
+        skew_mod.decode_captured(s.ctx, s.batch, s.cap, s.ids[:s.n], 0)
+        q, k = s.cap.stop()
+        blob = kvblob.parse_normalized(kvblob.normalize(s.ctx.seq_state(0)))
+        sec = blob.sections[0]
+        for j, il in enumerate(sk.layers_of(0)):
+            t, row, off = sec.k_layers[j]
+            K = np.frombuffer(blob.data, np.float32, sec.cell_count * row // 4, off).reshape(sec.cell_count, -1)
+            assert np.array_equal(k[il][sec.pos].reshape(sec.cell_count, -1), K)
+        assert q[0].shape == (s.n, sk.n_head, sk.head_dim)
+    finally:
+        s.close()
+
+
+def test_skew_is_orthogonal_and_exact_at_full_rank(calibrated, tmp_path):
+    path, sk, fp = calibrated
+    for il in range(sk.proj.shape[0]):
+        for h in range(sk.n_kv):
+            a = sk.proj[il, h]
+            assert np.allclose(a.T @ a, np.eye(sk.r), atol=1e-5)
+    # With every column kept, skewed scores equal exact ones: (QA)(KA)^T = QK^T.
+    s = Session(path)
+    try:
+        s.cap.start()
+        s.ctx.seq_rm(0, 0, -1)
+        skew_mod.decode_captured(s.ctx, s.batch, s.cap, s.ids[:s.n], 0)
+        q, k = s.cap.stop()
+    finally:
+        s.close()
+    full, _ = skew_mod.compute(q, k, ratio=1.0)
+    keys = {il: k[il] for il in sk.layers_of(0)}
+    exact = select.cell_scores({il: q[il][-4:] for il in keys}, keys, None, sk.head_dim)
+    skewed = select.cell_scores({il: q[il][-4:] for il in keys}, select.partial_keys(keys, full), full, sk.head_dim)
+    assert np.allclose(exact, skewed, atol=2e-2)
+    # Partial keys take r/d of the keys' size.
+    pk = select.partial_keys(keys, sk.proj)
+    assert all(v.shape[-1] == sk.r for v in pk.values()) and sk.r <= 0.2 * sk.head_dim + 1
+
+
+def test_sidecar_round_trip_and_rejections(calibrated, tmp_path):
+    _, sk, fp = calibrated
+    p = skew_mod.sidecar_path(tmp_path, fp)
+    sk.save(p)
+    back = skew_mod.Skew.load(p, fp)
+    assert np.array_equal(back.proj, sk.proj) and np.array_equal(back.section_layers, sk.section_layers)
+    with pytest.raises(skew_mod.SkewError, match="another model"):
+        skew_mod.Skew.load(p, "0" * 64)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, version=np.int32(1), fingerprint=np.array(fp), dims=np.array([4, 2, 8], np.int32),
+             proj=np.zeros((2, 2, 8, 3), np.float32), proj_noskew=np.zeros((2, 2, 8, 3), np.float32),
+             section_layers=np.array([[0, 7]], np.int32))
+    with pytest.raises(skew_mod.SkewError, match="inconsistent"):
+        skew_mod.Skew.load(bad, fp)
+    evil = tmp_path / "evil.npz"
+    np.savez(evil, version=np.int32(1), fingerprint=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(skew_mod.SkewError):
+        skew_mod.Skew.load(evil, fp)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(skew_mod.SkewError):
+        skew_mod.Skew.load(tmp_path / "junk.npz", fp)
+
+
+def test_choose_keeps_sinks_recent_and_the_budget():
+    pos = np.random.default_rng(0).permutation(1000).astype(np.int32)
+    scores = -np.abs(np.random.default_rng(1).normal(0, 3, 1000))
+    for policy in select.POLICIES:
+        cfg = SelectConfig(budget=0.2, sinks=4, recent=32, policy=policy)
+        keep = select.choose(pos, cfg, scores if policy in ("infinigen", "noskew", "oracle") else None)
+        kept = np.sort(pos[keep])
+        assert keep.sum() <= 200
+        if policy == "recency":
+            assert np.array_equal(kept, np.arange(800, 1000))
+            continue
+        assert set(range(4)) <= set(kept) and set(range(968, 1000)) <= set(kept)
+        if policy == "sinks+recency":
+            assert keep.sum() == 200
+        else:  # the rest is the best-scoring cells within max - alpha
+            rest = keep & (pos >= 4) & (pos < 968)
+            others = ~keep & (pos >= 4) & (pos < 968)
+            assert (scores[rest] >= -4).all() and scores[rest].min() >= scores[others & (scores >= -4)].max(initial=-99)
+
+
+def test_sparse_restore_holds_exactly_the_chosen_positions(calibrated):
+    path, sk, _ = calibrated
+    s = Session(path)
+    try:
+        tail = s.ids[s.n:s.n + 8]
+        r = SparseRestorer(s.ctx, s.batch, s.cap, sk, n_stream=1, n_swa=s.model.n_swa)
+        res = r.restore(0, s.state, tail, SelectConfig(budget=0.25, recent=16))
+        assert res.kept == len(res.positions) <= round(0.25 * res.cells) and res.bytes_restored < res.bytes_full
+        held = kvblob.parse_normalized(kvblob.normalize(s.ctx.seq_state(0)))
+        assert np.array_equal(np.sort(held.sections[0].pos), res.positions)
+        if s.model.n_swa:  # the sliding-window layers keep what they can still see
+            assert held.sections[1].pos.min() > s.n - 1 - s.model.n_swa
+        assert np.isfinite(s.logits_after(tail)).all()
+    finally:
+        s.close()
+
+
+def test_full_selection_reproduces_the_full_state_exactly(calibrated):
+    path, sk, _ = calibrated
+    s = Session(path)
+    try:
+        tail = s.ids[s.n:s.n + 8]
+        s.ctx.seq_rm(0, 0, -1)  # the reference: the saved state restored as it is
+        s.ctx.set_seq_state(0, kvblob.wrap(s.state, 1))
+        want = s.logits_after(tail)
+        s.ctx.seq_rm(0, 0, -1)
+        r = SparseRestorer(s.ctx, s.batch, s.cap, sk, n_stream=1, n_swa=s.model.n_swa)
+        res = r.restore(0, s.state, tail, SelectConfig(budget=1.0))
+        assert res.kept == res.cells
+        assert np.array_equal(s.logits_after(tail), want)
+    finally:
+        s.close()
+
+
+def test_unsupported_kv_type_falls_back(calibrated):
+    path, sk, _ = calibrated
+    s = Session(path, type_k="q8_0")
+    try:
+        with pytest.raises(Unsupported) as e:
+            select.keys_of(kvblob.parse_normalized(s.state), sk)
+        assert e.value.reason == "kv_type"
+    finally:
+        s.close()
