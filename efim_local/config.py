@@ -46,6 +46,11 @@ class Config:
     ram_mb: float = 512.0
     disk_mb: float = 4096.0
     min_state_tokens: int = 64
+    # InfiniGen sparse restore (opt-in, approximate): restore only this fraction of a saved state's
+    # cells when it has at least sparse_min_tokens tokens. 0: off. Needs scripts/calibrate_infinigen.py.
+    sparse_budget: float = 0.0
+    sparse_min_tokens: int = 4096
+    sparse_alpha: float = 4.0
 
     def store_config(self):
         """The StoreConfig for this configuration, or None when the store is off."""

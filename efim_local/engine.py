@@ -43,6 +43,7 @@ class CompletionRequest:
     max_lines: int | None = None
     ignore_eog: bool = False  # benchmarks: always generate max_tokens
     heal: bool = False  # token healing: re-choose the partial word's last token (non-fragment models)
+    sparse: bool | None = None  # InfiniGen sparse restore of long saved states; None: the config's
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Completion:
     slot: int = -1
     cache_tier: str = "none"  # where the reused KV came from: slot, ram, disk or none
     trimmed: dict = field(default_factory=dict)
+    sparse: dict | None = None  # the sparse restore's report (approximate!), or why it fell back
     token_ids: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -100,7 +102,16 @@ class Engine:
         self.model = Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu)
         try:
             self.template, self.planner = make_planner(self.model, config)
-            self.ctx = Context(self.model, config.context)
+            self.sparse = None
+            if config.sparse_budget > 0:
+                from .infinigen.select import SelectConfig
+                from .infinigen.sparse import SparseMode
+
+                self.sparse = SparseMode(self.model, Path(model_path), SelectConfig(
+                    budget=config.sparse_budget, alpha=config.sparse_alpha), config.sparse_min_tokens)
+            # Only a context that restores states needs the (slower) eval callback.
+            cb = self.sparse.eval_callback if self.sparse and store is not None else None
+            self.ctx = Context(self.model, config.context, cb)
         except Exception:
             self.model.close()
             raise
@@ -113,6 +124,8 @@ class Engine:
         self.swa = self.model.n_swa > 0
         self.swa_strategy = ("swa_full" if config.context.swa_full else "recompute") if self.swa else "none"
         self.n_stream = 1 if config.context.kv_unified else config.context.n_slots
+        if self.sparse is not None and store is not None:
+            self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
         self.store = None
         if store is not None:
             import llama_cpp
@@ -123,6 +136,14 @@ class Engine:
         self.fragment_trained = (self.model.meta(KEY_FRAGMENT) or "").lower() == "true"
         self.default_layout = config.layout or (
             (self.model.meta(KEY_LAYOUT) or "efim") if self.fragment_trained else "fim")
+
+    def sparse_status(self) -> str:
+        """'off', 'on: budget 20%' or 'unavailable: <reason>' (InfiniGen sparse restore)."""
+        if self.config.sparse_budget <= 0:
+            return "off"
+        if self.sparse.reason:
+            return f"unavailable: {self.sparse.reason}"
+        return f"on: budget {self.config.sparse_budget:.0%} of states >= {self.sparse.min_tokens} tokens"
 
     @property
     def healer(self) -> Healer:
@@ -194,15 +215,21 @@ class Engine:
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         slot, n_common = self.slots.pick(prompt)
+        want_sparse = req.sparse if req.sparse is not None else self.config.sparse_budget > 0
+        if slot.sparse and (not want_sparse or cold):  # approximate KV never serves an exact request
+            self.ctx.seq_rm(slot.seq, 0, -1)
+            slot.reset()
+            n_common = 0
         # The same prompt again leaves the KV as it was: nothing new to save.
         same = n_common == len(prompt) == len(slot.tokens)
         if slot.dirty and slot.path != path:
             self._save(slot)  # the slot is about to serve another file: keep its state
         tier = "slot" if n_common >= self.slots.min_reuse else "none"
+        sparse = None
         if cold:
             n_common, tier = 0, "none"
         elif self.store is not None:
-            n_common, tier = self._from_store(slot, prompt, n_common, tier, path)
+            n_common, tier, sparse = self._from_store(slot, prompt, n_common, tier, path, want_sparse)
         max_tokens = self._max_tokens(req)
         room = self.n_ctx_seq - len(prompt)
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=req.stop_at_newline,
@@ -219,7 +246,8 @@ class Engine:
                 self.ctx.seq_rm(slot.seq, 0, -1)
                 slot.reset()
             slot.touch(path)
-            slot.dirty = self.store is not None and len(slot.tokens) > 0 and (slot.dirty or not same or cold)
+            slot.dirty = (self.store is not None and len(slot.tokens) > 0 and not slot.sparse
+                          and (slot.dirty or not same or cold))
             ck = checkpoint if checkpoint is not None else len(prompt) - 1
             slot.checkpoint = max(0, min(ck, len(prompt) - 1, len(slot.tokens)))
         t2 = time.perf_counter()
@@ -230,28 +258,35 @@ class Engine:
         return Completion(
             text=stream.text, stop_reason=reason, layout="tokens", tokens=counts,
             timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
-            slot=slot.seq, cache_tier=tier, token_ids=ids)
+            slot=slot.seq, cache_tier=tier, sparse=sparse, token_ids=ids)
 
     # -- the state store --------------------------------------------------------
-    def _from_store(self, slot: Slot, prompt: np.ndarray, n_common: int, tier: str, path: str | None):
-        """Restore a saved state into ``slot`` if it beats what the slot holds."""
+    def _from_store(self, slot: Slot, prompt: np.ndarray, n_common: int, tier: str, path: str | None,
+                    want_sparse: bool = False):
+        """Restore a saved state into ``slot`` if it beats what the slot holds.
+        Returns (tokens reused, tier, sparse report or None)."""
         store = self.store
         if n_common + RESTORE_MIN_GAIN >= len(prompt):
             store.count("hit_slot")
-            return n_common, tier
+            return n_common, tier, None
         found = store.lookup(prompt, path)
         m = found.match
         if m is None or m.n < n_common + RESTORE_MIN_GAIN:
             store.count("hit_slot" if tier == "slot" else f"miss_{found.miss_reason or 'no_state'}")
-            return n_common, tier
+            return n_common, tier, None
         n = len(m.tokens) if self.swa else min(m.n, len(prompt) - 1)
         if n >= len(prompt):  # a whole sliding-window state as long as the prompt: nothing left to decode
             store.count("hit_slot" if tier == "slot" else "miss_no_state")
-            return n_common, tier
+            return n_common, tier, None
         payload = store.load(m, n)
         if payload is None:  # the state file was bad and has been dropped; the slot is untouched
             store.count("miss_corrupt")
-            return n_common, tier
+            return n_common, tier, None
+        report = None
+        if want_sparse and n >= (self.sparse.min_tokens if self.sparse else 0):
+            report = self._sparse_restore(slot, prompt, n, m, payload)
+            if "fallback" not in report:
+                return n, m.tier, report
         try:
             self.ctx.set_seq_state(slot.seq, kvblob.wrap(payload, self.n_stream))
             # Verify before decoding: the slot must hold exactly positions [0, n).
@@ -261,16 +296,36 @@ class Engine:
         if ok:
             slot.tokens, slot.dirty = prompt[:n], False
             store.count(f"hit_{m.tier}")
-            return n, m.tier
+            return n, m.tier, report
         self.ctx.seq_rm(slot.seq, 0, -1)
         slot.reset()
         store.count("dropped_corrupt")
         store.count("miss_corrupt")
-        return 0, "none"
+        return 0, "none", report
+
+    def _sparse_restore(self, slot: Slot, prompt: np.ndarray, n: int, m, payload: bytes) -> dict:
+        """InfiniGen: restore only the cells speculated to matter; {"fallback": reason} if it cannot."""
+        from .infinigen.select import Unsupported
+
+        if self.sparse is None or self.sparse.restorer is None:
+            return {"fallback": self.sparse.reason if self.sparse and self.sparse.reason else "off"}
+        try:
+            report = self.sparse.restore(slot.seq, payload, prompt[n:], self.store.load_partial(m.id))
+        except Unsupported as e:
+            return {"fallback": e.reason}
+        except Exception:  # llama.cpp rejected the edited state: restore it fully instead
+            self.ctx.seq_rm(slot.seq, 0, -1)
+            return {"fallback": "rejected"}
+        slot.tokens, slot.dirty, slot.sparse = prompt[:n], False, True
+        self.store.count(f"hit_{m.tier}")
+        self.store.count("sparse_restores")
+        return report
 
     def _save(self, slot: Slot) -> None:
         """Serialize a slot into the store (RAM tier). Sliding-window models save their checkpoint."""
         slot.dirty = False
+        if slot.sparse:  # a subset of a saved state: the full one is already stored
+            return
         toks = slot.tokens
         n = min(slot.checkpoint, len(toks)) if self.swa else len(toks)
         if self.store is None or n < self.store.cfg.min_tokens:
@@ -283,7 +338,9 @@ class Engine:
         else:
             blob = self.ctx.seq_state(slot.seq)
         content = hashlib.sha1(slot.text.encode("utf-8", "surrogatepass")).hexdigest() if slot.text else ""
-        self.store.put(toks[:n], kvblob.normalize(blob), slot.path or "", content)
+        payload = kvblob.normalize(blob)
+        partial = self.sparse.partial_npz(payload) if self.sparse and n >= self.sparse.min_tokens else None
+        self.store.put(toks[:n], payload, slot.path or "", content, partial)
 
     def flush(self) -> None:
         """Save dirty slots (call after the response was sent, or when idle)."""

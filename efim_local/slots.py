@@ -28,13 +28,14 @@ class Slot:
     dirty: bool = False  # holds KV not yet saved to the state store
     checkpoint: int = 0  # sliding-window models: the length worth saving (the prompt's head)
     text: str = ""  # the document it last served, for the store's content hash
+    sparse: bool = False  # holds a sparse (approximate) restore: never saved, never reused exactly
 
     def touch(self, path: str | None) -> None:
         self.last_used = time.monotonic()
         self.path = path
 
     def reset(self) -> None:
-        self.tokens, self.dirty = self.tokens[:0], False
+        self.tokens, self.dirty, self.sparse = self.tokens[:0], False, False
 
 
 class SlotManager:

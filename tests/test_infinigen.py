@@ -177,3 +177,42 @@ def test_unsupported_kv_type_falls_back(calibrated):
         assert e.value.reason == "kv_type"
     finally:
         s.close()
+
+
+def test_engine_sparse_restore_is_opt_in_reported_and_never_saved(calibrated, tmp_path, monkeypatch):
+    from efim_local.engine import CompletionRequest, Engine
+    from efim_local.store import StoreConfig
+
+    from .conftest import small_config
+
+    path, sk, fp = calibrated
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    sk.save(skew_mod.sidecar_path(skew_mod.default_dir(), fp))
+    sc = StoreConfig(tmp_path / "kv", ram_mb=0, disk_mb=64, min_tokens=16)
+    cfg = small_config(sparse_budget=0.25, sparse_min_tokens=64, max_middle_tokens=64)
+    doc = TEXT[:1500]
+    first = CompletionRequest(doc, 1200, path="a.py", max_tokens=4)
+    typed = CompletionRequest(doc[:1200] + "x = 1\n" + doc[1200:], 1206, path="a.py", max_tokens=6)
+    with Engine(cfg, path, store=sc) as e:
+        e.complete(first)
+        e.flush()
+        e.store.spill()
+        sid = next(p for p in (tmp_path / "kv" / "states").glob("*.kv"))
+        assert sid.with_suffix(".pk").exists(), "partial keys are saved beside the state"
+        for s in e.slots.slots:  # the slot was evicted: the state must come from disk
+            e.ctx.seq_rm(s.seq, 0, -1)
+            s.reset()
+        out = e.complete(typed)
+        rep = out.sparse
+        assert rep and "fallback" not in rep, rep
+        assert rep["kept"] < rep["cells"] and rep["bytes_restored"] < rep["bytes_full"]
+        assert rep["partial_keys"] == "saved" and out.cache_tier == "disk"
+        slot = e.slots.slots[out.slot]
+        assert slot.sparse and not slot.dirty
+        # An exact request never reuses approximate KV: it equals a cold run.
+        exact = e.complete(CompletionRequest(typed.text, typed.cursor, path="a.py", max_tokens=6, sparse=False))
+        assert exact.sparse is None and not e.slots.slots[exact.slot].sparse
+        cold = e.run(e.plan(typed).tokens, typed, cold=True)
+        assert exact.token_ids == cold.token_ids
+    with Engine(small_config(), path, store=sc) as e:  # off by default: full restore
+        assert e.complete(typed).sparse is None

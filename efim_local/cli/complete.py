@@ -103,6 +103,7 @@ def status(as_json, **model_kw):
             "slots": cfg.context.n_slots, "n_ctx_seq": cfg.context.n_ctx_seq,
             "sliding_window": engine.model.n_swa, "swa_strategy": engine.swa_strategy,
             "state_restore": "whole-state checkpoints" if engine.swa else "longest prefix",
+            "sparse_restore": engine.sparse_status(),
             "store": str(cfg.store_config().dir) if cfg.store else None,
         }
     if as_json:

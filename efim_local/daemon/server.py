@@ -268,7 +268,8 @@ class Server:
             layout=layout,
             stop_at_newline=P.get(p, "stop_at_newline", bool, False),
             max_lines=P.get(p, "max_lines", int, None, lo=1, hi=1000),
-            heal=P.get(p, "heal", bool, False))
+            heal=P.get(p, "heal", bool, False),
+            sparse=P.get(p, "sparse", bool, None))
         if msg.is_notification:
             raise P.RpcError(P.INVALID_REQUEST, "complete needs an id")
         self.worker.submit(Job(msg.id, path, req, conn, stream=P.get(p, "stream", bool, False)))
@@ -311,7 +312,7 @@ class Server:
         def snapshot(e: Engine) -> dict:
             return {
                 "model": str(e.model.path), **library_info(), "layout": e.default_layout,
-                "swa_strategy": e.swa_strategy, "slots": [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens)} for s in e.slots.slots],
+                "swa_strategy": e.swa_strategy, "sparse_restore": e.sparse_status(), "slots": [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens)} for s in e.slots.slots],
                 "store": e.store.stats() if e.store else None,
             }
 

@@ -71,13 +71,17 @@ def encode_header(tokens: np.ndarray, payload: bytes, model: bytes, layout: byte
 def write(path: Path, tokens: np.ndarray, payload: bytes, model: bytes, layout: bytes, params: dict) -> int:
     """Atomically write a state file (temp file, fsync, rename). Returns its size."""
     head, toks = encode_header(tokens, payload, model, layout, params)
+    return write_private(path, head, toks, payload)
+
+
+def write_private(path: Path, *parts: bytes) -> int:
+    """Atomically write ``parts`` to an owner-only file: temp file, fsync, rename, dir fsync."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(head)
-            f.write(toks)
-            f.write(payload)
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -89,7 +93,7 @@ def write(path: Path, tokens: np.ndarray, payload: bytes, model: bytes, layout: 
         os.fsync(dfd)
     finally:
         os.close(dfd)
-    return len(head) + len(toks) + len(payload)
+    return sum(len(p) for p in parts)
 
 
 def _read_header(f, size: int, model: bytes | None, layout: bytes | None) -> tuple[Header, bytes]:

@@ -49,6 +49,7 @@ class Entry:
     created: float
     last_used: float
     hits: int = 0
+    partial: bytes | None = None  # InfiniGen partial keys (npz), kept beside the state
 
 
 @dataclass
@@ -140,6 +141,27 @@ class StateStore:
     def disk_bytes(self) -> int:
         return sum(r["bytes"] for r in self.index.rows("disk"))
 
+    def partial_of(self, state_id: str) -> Path:
+        """The partial-keys sidecar beside a state file (InfiniGen)."""
+        return self.files / f"{state_id}.pk"
+
+    def _unlink(self, state_id: str) -> None:
+        self.file_of(state_id).unlink(missing_ok=True)
+        self.partial_of(state_id).unlink(missing_ok=True)
+
+    def load_partial(self, state_id: str, max_bytes: int = 1 << 30) -> bytes | None:
+        """The state's saved partial keys, or None (the caller computes them)."""
+        e = self.ram.get(state_id)
+        if e is not None:
+            return e.partial
+        p = self.partial_of(state_id)
+        try:
+            if p.stat().st_size > max_bytes:
+                return None
+            return p.read_bytes()
+        except OSError:
+            return None
+
     def file_of(self, state_id: str) -> Path:
         return self.files / f"{state_id}.kv"
 
@@ -219,12 +241,14 @@ class StateStore:
         log.warning("dropping state %s: %s", state_id[:12], err)
         self.counts["dropped_" + getattr(err, "reason", "corrupt")] += 1
         self.ram.pop(state_id, None)
-        self.file_of(state_id).unlink(missing_ok=True)
+        self._unlink(state_id)
         self.index.remove(state_id)
 
     # -- saving ---------------------------------------------------------------
-    def put(self, tokens: np.ndarray, payload: bytes, path: str, content_hash: str = "") -> str | None:
-        """Add a state to the RAM tier (spilling others down); replaces older states of ``path``."""
+    def put(self, tokens: np.ndarray, payload: bytes, path: str, content_hash: str = "",
+            partial: bytes | None = None) -> str | None:
+        """Add a state to the RAM tier (spilling others down); replaces older states of ``path``.
+        ``partial``: its InfiniGen partial keys, saved beside it."""
         if len(tokens) < self.cfg.min_tokens:
             return None
         sid = self.state_id(tokens)
@@ -235,7 +259,7 @@ class StateStore:
             if row["id"] != sid and row["model"] == self._model_hex:
                 self._delete(row["id"])
         now = time.time()
-        entry = Entry(sid, np.array(tokens, dtype=np.int32), payload, path, content_hash, now, now)
+        entry = Entry(sid, np.array(tokens, dtype=np.int32), payload, path, content_hash, now, now, partial=partial)
         size = len(payload) + entry.tokens.nbytes
         if size > self.cfg.ram_mb * MB:
             self._write_disk(entry)  # too big for RAM: straight to disk
@@ -272,6 +296,8 @@ class StateStore:
             return
         self._make_room_disk(size)
         stateformat.write(self.file_of(e.id), e.tokens, e.payload, self.model, self.layout, self.layout_params)
+        if e.partial:
+            stateformat.write_private(self.partial_of(e.id), e.partial)
         self.index.add(self._row(e, "disk", size), e.tokens)
 
     def _make_room_disk(self, size: int) -> None:
@@ -282,13 +308,13 @@ class StateStore:
             if used + size <= budget:
                 break
             used -= r["bytes"]
-            self.file_of(r["id"]).unlink(missing_ok=True)
+            self._unlink(r["id"])
             self.index.remove(r["id"], evicted=True)
             self.counts["evicted_disk"] += 1
 
     def _delete(self, state_id: str, keep_index: bool = False) -> None:
         self.ram.pop(state_id, None)
-        self.file_of(state_id).unlink(missing_ok=True)
+        self._unlink(state_id)
         if not keep_index:
             self.index.remove(state_id)
 
@@ -315,6 +341,10 @@ class StateStore:
         for sid, p in files.items():
             r = rows.get(sid)
             if r is None or r["tier"] != "disk":
+                p.unlink(missing_ok=True)
+                out["files_without_row"] += 1
+        for p in self.files.glob("*.pk"):
+            if p.stem not in files or p.stem not in rows:
                 p.unlink(missing_ok=True)
                 out["files_without_row"] += 1
         for p in self.files.glob("*.tmp"):
