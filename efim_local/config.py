@@ -51,6 +51,7 @@ class Config:
     sparse_budget: float = 0.0
     sparse_min_tokens: int = 4096
     sparse_alpha: float = 4.0
+    sparse_shrink_to: float = 0.0  # disk pressure: shrink long states to this fraction before evicting
 
     def store_config(self):
         """The StoreConfig for this configuration, or None when the store is off."""
@@ -59,7 +60,9 @@ class Config:
         if not self.store:
             return None
         return StoreConfig(Path(self.state_dir).expanduser() if self.state_dir else state_home() / "kv",
-                           ram_mb=self.ram_mb, disk_mb=self.disk_mb, min_tokens=self.min_state_tokens)
+                           ram_mb=self.ram_mb, disk_mb=self.disk_mb, min_tokens=self.min_state_tokens,
+                           shrink_to=self.sparse_shrink_to if self.sparse_budget > 0 else 0.0,
+                           shrink_min_tokens=self.sparse_min_tokens)
 
     def with_overrides(self, **kw) -> "Config":
         ctx_names = {f.name for f in fields(ContextParams)}

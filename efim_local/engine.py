@@ -124,8 +124,6 @@ class Engine:
         self.swa = self.model.n_swa > 0
         self.swa_strategy = ("swa_full" if config.context.swa_full else "recompute") if self.swa else "none"
         self.n_stream = 1 if config.context.kv_unified else config.context.n_slots
-        if self.sparse is not None and store is not None:
-            self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
         self.store = None
         if store is not None:
             import llama_cpp
@@ -133,6 +131,11 @@ class Engine:
             params = layout_params(config.context, llama_cpp.__version__)
             self.store = StateStore(store, model_fingerprint(model_path), layout_key(params), params,
                                     whole_state_only=self.swa)
+            if self.sparse is not None:
+                self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
+                if self.sparse.skew is not None:
+                    frac = store.shrink_to
+                    self.store.shrink = lambda payload, partial, sel: self.sparse.shrink(payload, partial, sel, frac)
         self.fragment_trained = (self.model.meta(KEY_FRAGMENT) or "").lower() == "true"
         self.default_layout = config.layout or (
             (self.model.meta(KEY_LAYOUT) or "efim") if self.fragment_trained else "fim")
@@ -269,7 +272,7 @@ class Engine:
         if n_common + RESTORE_MIN_GAIN >= len(prompt):
             store.count("hit_slot")
             return n_common, tier, None
-        found = store.lookup(prompt, path)
+        found = store.lookup(prompt, path, shrunk=want_sparse and self.sparse is not None)
         m = found.match
         if m is None or m.n < n_common + RESTORE_MIN_GAIN:
             store.count("hit_slot" if tier == "slot" else f"miss_{found.miss_reason or 'no_state'}")
@@ -283,10 +286,12 @@ class Engine:
             store.count("miss_corrupt")
             return n_common, tier, None
         report = None
-        if want_sparse and n >= (self.sparse.min_tokens if self.sparse else 0):
+        if m.kept < 1 or (want_sparse and n >= (self.sparse.min_tokens if self.sparse else 0)):
             report = self._sparse_restore(slot, prompt, n, m, payload)
             if "fallback" not in report:
                 return n, m.tier, report
+            if m.kept < 1:  # a shrunk state is approximate: never restore it as if it were whole
+                return n_common, tier, report
         try:
             self.ctx.set_seq_state(slot.seq, kvblob.wrap(payload, self.n_stream))
             # Verify before decoding: the slot must hold exactly positions [0, n).
@@ -319,6 +324,8 @@ class Engine:
         slot.tokens, slot.dirty, slot.sparse = prompt[:n], False, True
         self.store.count(f"hit_{m.tier}")
         self.store.count("sparse_restores")
+        self.store.note_selection(m.id, self.sparse.restorer.last_positions)
+        report["shrunk_state"] = m.kept < 1
         return report
 
     def _save(self, slot: Slot) -> None:

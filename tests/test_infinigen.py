@@ -216,3 +216,41 @@ def test_engine_sparse_restore_is_opt_in_reported_and_never_saved(calibrated, tm
         assert exact.token_ids == cold.token_ids
     with Engine(small_config(), path, store=sc) as e:  # off by default: full restore
         assert e.complete(typed).sparse is None
+
+
+def test_disk_pressure_shrinks_long_states_before_evicting(calibrated, tmp_path, monkeypatch):
+    from efim_local.engine import CompletionRequest, Engine
+    from efim_local.store import StoreConfig
+
+    from .conftest import small_config
+
+    path, sk, fp = calibrated
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    sk.save(skew_mod.sidecar_path(skew_mod.default_dir(), fp))
+    cfg = small_config(sparse_budget=0.25, sparse_min_tokens=64, sparse_shrink_to=0.3, max_middle_tokens=64)
+    a = CompletionRequest(TEXT[:1500], 1200, path="a.py", max_tokens=2)
+    b = CompletionRequest(TEXT[3000:4500], 1200, path="b.py", max_tokens=2)
+    big = StoreConfig(tmp_path / "kv", ram_mb=0, disk_mb=64, min_tokens=16, shrink_to=0.3, shrink_min_tokens=64)
+    with Engine(cfg, path, store=big) as e:
+        e.complete(a)
+        e.flush()
+        row_a = e.store.index.rows("disk")[0]
+    # Room for about one and a half states: saving b must shrink a (not evict it).
+    tight = StoreConfig(tmp_path / "kv", ram_mb=0, disk_mb=row_a["bytes"] * 1.6 / (1 << 20), min_tokens=16,
+                        shrink_to=0.3, shrink_min_tokens=64)
+    with Engine(cfg, path, store=tight) as e:
+        e.complete(b)
+        e.flush()
+        rows = {r["path"]: r for r in e.store.index.rows("disk")}
+        assert set(rows) == {"a.py", "b.py"}
+        assert rows["a.py"]["kept"] == 0.3 and rows["a.py"]["bytes"] < 0.5 * row_a["bytes"]
+        assert sum(r["bytes"] for r in rows.values()) <= tight.disk_mb * (1 << 20)
+        toks = np.asarray(e.plan(a).tokens, np.int32)
+        assert e.store.lookup(toks, "a.py").match is None or e.store.lookup(toks, "a.py").match.id != row_a["id"]
+        for s in e.slots.slots:
+            e.ctx.seq_rm(s.seq, 0, -1)
+            s.reset()
+        out = e.complete(a)  # sparse is on: the shrunk state serves, and says so
+        assert out.sparse and out.sparse.get("shrunk_state") is True, out.sparse
+        exact = e.complete(CompletionRequest(a.text, a.cursor, path="a.py", max_tokens=2, sparse=False))
+        assert exact.sparse is None and exact.cache_tier != "disk"

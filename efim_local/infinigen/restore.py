@@ -100,4 +100,5 @@ class SparseRestorer:
         res.bytes_restored = self.load(seq, blob, mask)
         res.restore_ms = (time.perf_counter() - t2) * 1e3
         res.kept, res.positions = int(mask.sum()), np.sort(sec.pos[mask])
+        self.last_positions = res.positions
         return res

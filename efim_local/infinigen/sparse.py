@@ -18,7 +18,7 @@ from ..store import kvblob
 from ..store.fingerprint import model_fingerprint
 from .capture import QKCapture
 from .restore import SparseRestorer
-from .select import SelectConfig, Unsupported, keys_of, partial_keys
+from .select import SelectConfig, Unsupported, choose, keys_of, partial_keys, window_mask
 from .skew import Skew, SkewError, default_dir, sidecar_path
 
 SUPPORTED_ARCHS = ("llama", "gemma3")  # gemma3: selection applies to the global layers' cells
@@ -41,6 +41,7 @@ class SparseMode:
                 self.reason = "not_calibrated"
         self.cap = QKCapture() if self.skew is not None else None
         self.restorer: SparseRestorer | None = None
+        self.n_swa = model.n_swa
 
     @property
     def eval_callback(self):
@@ -81,6 +82,40 @@ class SparseMode:
         if any(v.shape != shape or v.dtype != np.float16 for v in layers.values()):
             return None
         return {il: v[idx] for il, v in layers.items()}
+
+    def shrink(self, payload: bytes, partial: bytes | None, selected: dict, fraction: float):
+        """InfiniGen's pool under pressure: keep the cells restores selected most often (ties: newer),
+        plus sinks and the recent window. Returns (payload, partial) or None."""
+        if self.skew is None:
+            return None
+        try:
+            blob = kvblob.parse_normalized(payload)
+        except kvblob.BlobError:
+            return None
+        sec = blob.sections[0]
+        if sec is None:
+            return None
+        pos = sec.pos
+        counts = np.zeros(len(pos))
+        if selected:
+            keys = np.fromiter(selected.keys(), np.int64, len(selected))
+            vals = np.fromiter(selected.values(), np.float64, len(selected))
+            order = np.argsort(pos)
+            at = np.clip(np.searchsorted(pos[order], keys), 0, len(pos) - 1)
+            hit = pos[order][at] == keys
+            counts[order[at[hit]]] = vals[hit]
+        score = counts + pos / (2.0 * max(1, int(pos.max()) + 1))  # ties: newer first
+        keep = choose(pos, SelectConfig(budget=fraction, alpha=np.inf, sinks=self.cfg.sinks,
+                                        recent=self.cfg.recent), score)
+        masks = [keep] + [None if s is None else (window_mask(s.pos, self.n_swa) if self.n_swa else
+                                                  np.ones(s.cell_count, bool)) for s in blob.sections[1:]]
+        out_partial = None
+        pk = self.load_partial(partial, pos)
+        if pk is not None:
+            buf = io.BytesIO()
+            np.savez(buf, pos=pos[keep], **{f"L{il}": v[keep] for il, v in pk.items()})
+            out_partial = buf.getvalue()
+        return kvblob.select_cells(blob, masks), out_partial
 
     def restore(self, seq: int, payload: bytes, tail, partial: bytes | None) -> dict:
         """Sparse-restore ``payload`` into ``seq``; the report for the response. Raises

@@ -15,7 +15,7 @@ import numpy as np
 import sqlite_utils
 
 CHUNK = 64
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def chunk_hashes(tokens: np.ndarray) -> list[tuple[str, int]]:
@@ -52,7 +52,13 @@ def _v3(db: sqlite_utils.Database) -> None:
     db["states"].add_column("owner", int, not_null_default=0)
 
 
-MIGRATIONS = [_v1, _v2, _v3]  # index i migrates the schema to version i + 1
+def _v4(db: sqlite_utils.Database) -> None:
+    # Under disk pressure a long state may be shrunk to its most-selected cells (InfiniGen's pool):
+    # ``kept`` < 1 marks such approximate states, which only sparse restores may use.
+    db["states"].add_column("kept", float, not_null_default=1.0)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4]  # index i migrates the schema to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -114,16 +120,18 @@ class Index:
         self.db.execute("UPDATE states SET last_used = ?, hits = hits + 1 WHERE id = ?", [time.time(), state_id])
         self.db.conn.commit()
 
-    def candidates(self, tokens: np.ndarray, model: str, layout: str, limit: int = 4) -> list[tuple[dict, int]]:
-        """States of this model whose chunk hashes match a prefix of ``tokens``, longest first."""
+    def candidates(self, tokens: np.ndarray, model: str, layout: str, limit: int = 4,
+                   shrunk: bool = False) -> list[tuple[dict, int]]:
+        """States of this model whose chunk hashes match a prefix of ``tokens``, longest first;
+        shrunk (approximate) states only when ``shrunk``."""
         hashes = chunk_hashes(tokens)
         if not hashes:
             return []
         marks = ",".join("?" * len(hashes))
         sql = f"""SELECT s.*, MAX(c.n) AS matched FROM chunks c JOIN states s ON s.id = c.state_id
-                  WHERE c.hash IN ({marks}) AND s.model = ? AND s.layout = ?
+                  WHERE c.hash IN ({marks}) AND s.model = ? AND s.layout = ? AND (s.kept >= 1 OR ?)
                   GROUP BY s.id ORDER BY matched DESC, s.last_used DESC LIMIT ?"""
-        rows = self.db.query(sql, [h for h, _ in hashes] + [model, layout, limit])
+        rows = self.db.query(sql, [h for h, _ in hashes] + [model, layout, int(shrunk), limit])
         return [(r, r.pop("matched")) for r in rows]
 
     def by_path(self, path: str) -> list[dict]:

@@ -35,6 +35,10 @@ class StoreConfig:
     ram_mb: float = 512.0
     disk_mb: float = 4096.0
     min_tokens: int = 64  # shorter states are not worth saving
+    # Disk pressure: a state of at least shrink_min_tokens with partial keys is first shrunk to
+    # this fraction of its cells (the most often selected ones) before it is evicted. 0: off.
+    shrink_to: float = 0.0
+    shrink_min_tokens: int = 4096
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Match:
     n: int  # tokens usable from this state
     tier: str  # "ram" | "disk"
     tokens: np.ndarray  # all of the state's tokens
+    kept: float = 1.0  # < 1: a shrunk, approximate state (sparse restores only)
 
 
 @dataclass
@@ -100,6 +105,8 @@ class StateStore:
     whole_state_only: bool = False  # sliding-window models: restore whole states, never truncate
     ram: dict[str, Entry] = field(default_factory=dict)
     counts: Counter = field(default_factory=Counter)
+    shrink: object = None  # callable(payload, partial, selected) -> (payload, partial) | None
+    selected: dict = field(default_factory=dict)  # state id -> {position: times selected}
 
     def __post_init__(self):
         self.dir = Path(self.cfg.dir)
@@ -171,20 +178,22 @@ class StateStore:
         return h.hexdigest()[:32]  # file names come from hashes, never from paths
 
     # -- lookup and load ------------------------------------------------------
-    def lookup(self, tokens: np.ndarray, path: str | None = None, content_hash: str | None = None) -> Lookup:
-        """The saved state sharing the longest usable token prefix with ``tokens``."""
+    def lookup(self, tokens: np.ndarray, path: str | None = None, content_hash: str | None = None,
+               shrunk: bool = False) -> Lookup:
+        """The saved state sharing the longest usable token prefix with ``tokens``
+        (shrunk, approximate states too when ``shrunk``)."""
         best: Match | None = None
         saw_corrupt = False
-        for row, _ in self.index.candidates(tokens, self._model_hex, self._layout_hex):
+        for row, _ in self.index.candidates(tokens, self._model_hex, self._layout_hex, shrunk=shrunk):
             st = self._tokens_of(row)
             if st is None:
                 saw_corrupt = True
                 continue
             n = common_prefix(st, tokens)
-            if self.whole_state_only and n < len(st):
-                continue  # a sliding-window state cannot be cut
+            if (self.whole_state_only or row["kept"] < 1) and n < len(st):
+                continue  # a sliding-window or shrunk state cannot be cut
             if best is None or n > best.n:
-                best = Match(row["id"], n, row["tier"], st)
+                best = Match(row["id"], n, row["tier"], st, row["kept"])
         if best is not None:
             return Lookup(best)
         return Lookup(None, "corrupt" if saw_corrupt else self._miss_reason(path, content_hash))
@@ -252,7 +261,8 @@ class StateStore:
         if len(tokens) < self.cfg.min_tokens:
             return None
         sid = self.state_id(tokens)
-        if self.index.get(sid) is not None and (sid in self.ram or self.file_of(sid).exists()):
+        row = self.index.get(sid)
+        if row is not None and row["kept"] >= 1 and (sid in self.ram or self.file_of(sid).exists()):
             self.index.touch(sid)  # already saved: same model, layout and tokens
             return sid
         for row in self.index.by_path(path):
@@ -273,11 +283,16 @@ class StateStore:
         self.index.add(self._row(entry, "ram", size), entry.tokens)
         return sid
 
+    def note_selection(self, state_id: str, positions: np.ndarray) -> None:
+        """Count which cells a sparse restore chose (in memory: no disk write on the request path)."""
+        c = self.selected.setdefault(state_id, Counter())
+        c.update(positions.tolist())
+
     def _row(self, e: Entry, tier: str, size: int) -> dict:
         return {"id": e.id, "path": e.path, "content_hash": e.content_hash, "model": self._model_hex,
                 "layout": self._layout_hex, "n_tokens": len(e.tokens), "bytes": size, "tier": tier,
                 "created": e.created, "last_used": e.last_used, "hits": e.hits,
-                "owner": os.getpid() if tier == "ram" else 0}
+                "owner": os.getpid() if tier == "ram" else 0, "kept": 1.0}
 
     def _make_room_ram(self, size: int) -> None:
         budget = self.cfg.ram_mb * MB
@@ -307,10 +322,37 @@ class StateStore:
         for r in sorted(rows, key=lambda r: _value(r["last_used"], r["hits"], r["n_tokens"])):
             if used + size <= budget:
                 break
+            if r["kept"] >= 1 and self._shrink(r):  # keep its partial form instead
+                new = self.index.get(r["id"])
+                used -= r["bytes"] - new["bytes"]
+                if used + size <= budget:
+                    break
+                r = new
             used -= r["bytes"]
             self._unlink(r["id"])
             self.index.remove(r["id"], evicted=True)
             self.counts["evicted_disk"] += 1
+
+    def _shrink(self, row: dict) -> bool:
+        """Rewrite a long disk state with only its most-selected cells; False if it does not apply."""
+        if (not self.cfg.shrink_to or self.shrink is None or row["n_tokens"] < self.cfg.shrink_min_tokens
+                or not self.partial_of(row["id"]).exists()):
+            return False
+        try:
+            _, toks, payload = stateformat.read(self.file_of(row["id"]), self.model, self.layout)
+        except (StateFileError, OSError):
+            return False
+        out = self.shrink(payload, self.load_partial(row["id"]), self.selected.get(row["id"], {}))
+        if out is None:
+            return False
+        payload, partial = out
+        self._unlink(row["id"])
+        size = stateformat.write(self.file_of(row["id"]), toks, payload, self.model, self.layout, self.layout_params)
+        if partial:
+            stateformat.write_private(self.partial_of(row["id"]), partial)
+        self.index.add({**row, "bytes": size, "kept": self.cfg.shrink_to}, toks)
+        self.counts["shrunk_disk"] += 1
+        return True
 
     def _delete(self, state_id: str, keep_index: bool = False) -> None:
         self.ram.pop(state_id, None)
