@@ -89,7 +89,7 @@ class LlamaServer:
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                "-c", str(n_ctx), "-np", "1", "-b", "512", "--swa-full", "--cache-reuse", "256",
+                "-c", str(n_ctx), "-np", "1", "--swa-full", "--cache-reuse", "256",
                 "--no-webui", "-fa", "off"]
         if threads:
             args += ["-t", str(threads)]

@@ -44,16 +44,18 @@ def backends(cfg: ReplayConfig):
     if not cfg.server.exists():
         yield None
         return
-    server = peers.LlamaServer(cfg.server, cfg.model, cfg.n_ctx, cfg.threads)
-    try:
-        for b in (peers.ServerInfill(server, cfg.max_tokens),
-                  peers.ServerCompletion(server, cfg.model, cfg.n_ctx, cfg.max_tokens)):
+    # A fresh server per backend: neither starts with the other's prompt cache.
+    for make in (lambda srv: peers.ServerInfill(srv, cfg.max_tokens),
+                 lambda srv: peers.ServerCompletion(srv, cfg.model, cfg.n_ctx, cfg.max_tokens)):
+        server = peers.LlamaServer(cfg.server, cfg.model, cfg.n_ctx, cfg.threads)
+        try:
+            b = make(server)
             try:
                 yield b
             finally:
                 b.close()
-    finally:
-        server.close()
+        finally:
+            server.close()
 
 
 def run(cfg: ReplayConfig) -> dict:

@@ -37,6 +37,7 @@ class Job:
 
 
 QUEUE_TIMEOUT = 30.0  # seconds a completion may wait before it is answered "busy"
+SAVE_DELAY = 0.5  # seconds of quiet before dirty slots are saved: a burst of keystrokes is saved once
 
 
 class Worker(threading.Thread):
@@ -110,31 +111,39 @@ class Worker(threading.Thread):
 
     # -- the engine thread ---------------------------------------------------------------
     def run(self) -> None:
+        save_at = None  # when to save dirty slots: after SAVE_DELAY of quiet, not after every reply
         while True:
+            save = False
             with self.cond:
                 while not (self.jobs or self.calls or self.idle_work or self.stopping):
-                    self.cond.wait()
+                    if save_at is None:
+                        self.cond.wait()
+                    elif time.monotonic() >= save_at:
+                        save = True
+                        break
+                    else:
+                        self.cond.wait(save_at - time.monotonic())
+                job = fn = idle = None
                 if self.calls:
                     fn, fut = self.calls.popleft()
-                    job = idle = None
                 elif self.jobs:
-                    job, fn, idle = self.jobs.popleft(), None, None
-                    self.running = job
+                    job = self.running = self.jobs.popleft()
                 elif self.stopping:
                     return
-                else:
-                    idle, job, fn = self.idle_work.popleft(), None, None
+                elif self.idle_work and not save:
+                    idle = self.idle_work.popleft()
             if fn is not None:
                 self._call(fn, fut)
             elif job is not None:
                 self._complete(job)
                 with self.cond:
                     self.running = None
-                    more = bool(self.jobs)
-                if not more:
-                    self._quietly(self.engine.flush)  # saves happen after the replies went out
-            else:
+                save_at = time.monotonic() + SAVE_DELAY
+            elif idle is not None:
                 self._quietly(lambda: idle(self.engine, self._busy))
+            else:
+                save_at = None
+                self._quietly(self.engine.flush)  # a pause in typing: keep the states
 
     def _busy(self) -> bool:
         return bool(self.jobs) or bool(self.calls) or self.stopping
