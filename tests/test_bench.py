@@ -61,10 +61,10 @@ def test_replay_through_efim_daemons(tiny_model, tmp_path):
     efim, fim = by["efim daemon EFIM"], by["efim daemon FIM"]
     assert efim["requests"] == fim["requests"] == 8
     # FIM recomputes the suffix on every keystroke; EFIM computes only what was typed.
-    assert efim["evaluated_mean"] * 2 < fim["evaluated_mean"]
+    assert efim["evaluated_p50"] * 10 < fim["evaluated_p50"]
     if server.exists():
         assert by["llama-server /infill"]["requests"] == by["llama-server /completion EFIM"]["requests"] == 8
-        assert by["llama-server /completion EFIM"]["evaluated_mean"] * 2 < by["llama-server /infill"]["evaluated_mean"]
+        assert by["llama-server /completion EFIM"]["evaluated_p50"] * 10 < by["llama-server /infill"]["evaluated_p50"]
     else:
         assert "make server" in res["notes"][0]
 

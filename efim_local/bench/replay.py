@@ -83,5 +83,6 @@ def summarize(name: str, xs: list[dict]) -> dict:
     ttft = [x["ttft_ms"] for x in xs]
     return {"backend": name, "requests": len(xs),
             "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95),
+            "evaluated_p50": bu.pctl([x["evaluated"] for x in xs], 0.5),
             "evaluated_mean": bu.mean([x["evaluated"] for x in xs]),
             "total_s": sum(x["total_ms"] for x in xs) / 1e3}

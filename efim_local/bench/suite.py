@@ -41,7 +41,7 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     q = cfg.quick
     res: dict = {"model": str(model), "config": {k: str(v) for k, v in asdict(cfg).items()}}
     if "replay" in cfg.parts:
-        rc = replay.ReplayConfig(model, max_requests=cfg.max_requests or (16 if q else 200),
+        rc = replay.ReplayConfig(model, max_requests=cfg.max_requests or (12 if q else 200),
                                  max_tokens=16 if q else 32, threads=cfg.threads, server=cfg.server)
         res["replay"] = replay.run(rc)
         log(_replay_table(res["replay"]))

@@ -18,7 +18,7 @@ from . import emit, main, user_errors
 @click.option("--server", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="llama-server binary (default: native/build/server/bin/llama-server, `make server`).")
 @click.option("--requests", "max_requests", type=click.IntRange(1, 100000),
-              help="Edit-trace requests per backend (default: 16 quick, 200 full).")
+              help="Edit-trace requests per backend (default: 12 quick, 200 full).")
 @click.option("--threads", type=click.IntRange(0, 1024), default=0, help="CPU threads (0: all).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
               show_default=True, help="Where the JSON and PNG go.")
