@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from efim_local.backend import Batch, Context, ContextParams, Model
 from efim_local.bench import peers, replay, trace

@@ -254,3 +254,31 @@ def test_disk_pressure_shrinks_long_states_before_evicting(calibrated, tmp_path,
         assert out.sparse and out.sparse.get("shrunk_state") is True, out.sparse
         exact = e.complete(CompletionRequest(a.text, a.cursor, path="a.py", max_tokens=2, sparse=False))
         assert exact.sparse is None and exact.cache_tier != "disk"
+
+
+def test_support_matrix_reasons(tiny_model, tmp_path, monkeypatch):
+    from efim_local.engine import CompletionRequest, Engine
+    from efim_local.infinigen.sparse import SparseMode
+    from efim_local.store import StoreConfig
+
+    from .conftest import small_config
+
+    class OtherArch:  # what SparseMode reads of a model
+        n_swa = 0
+
+        def meta(self, key):
+            return "qwen2"
+
+    assert SparseMode(OtherArch(), tiny_model, SelectConfig(), 64).reason == "unsupported_arch"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))  # no sidecar: not calibrated
+    sc = StoreConfig(tmp_path / "kv", ram_mb=64, disk_mb=64, min_tokens=16)
+    with Engine(small_config(sparse_budget=0.2, sparse_min_tokens=16), tiny_model, store=sc) as e:
+        assert e.sparse_status() == "unavailable: not_calibrated"
+        req = CompletionRequest(TEXT[:1200], 1000, path="a.py", max_tokens=2)
+        e.complete(req)
+        e.flush()
+        for s in e.slots.slots:
+            e.ctx.seq_rm(s.seq, 0, -1)
+            s.reset()
+        out = e.complete(req)
+        assert out.sparse == {"fallback": "not_calibrated"} and out.cache_tier == "ram"

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..benchutil import spawn_daemon
 from ..daemon.client import Client
+from ..planner import FileSession
 from .trace import Request
 
 SERVER_BIN = Path(__file__).resolve().parent.parent.parent / "native" / "build" / "server" / "bin" / "llama-server"
@@ -182,17 +183,15 @@ class ServerCompletion:
         from ..backend import Model
         from ..config import Config
         from ..engine import make_planner
-        from ..planner import FileSession
 
         self.server, self.max_tokens = server, max_tokens
         self.model = Model(model, vocab_only=True)
         cfg = Config(model=str(model), max_tokens=max_tokens).with_overrides(n_ctx_seq=n_ctx)
         _, self.planner = make_planner(self.model, cfg)
         self.sessions: dict[str, FileSession] = {}
-        self._session = FileSession
 
     def __call__(self, path: str, req: Request) -> Answer:
-        session = self.sessions.setdefault(path, self._session(layout="efim"))
+        session = self.sessions.setdefault(path, FileSession(layout="efim"))
         plan = self.planner.plan(session, req.text, req.offset, "efim", reserve=self.max_tokens)
         return self.server.stream("/completion", {"prompt": list(plan.tokens),
                                                   "n_predict": self.max_tokens, **SAMPLING})

@@ -3,8 +3,7 @@ model, with a table, a JSON file and a PNG chart."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import benchutil as bu
