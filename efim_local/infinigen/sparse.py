@@ -83,7 +83,7 @@ class SparseMode:
             return None
         return {il: v[idx] for il, v in layers.items()}
 
-    def shrink(self, payload: bytes, partial: bytes | None, selected: dict, fraction: float):
+    def shrink(self, payload: bytes, partial: bytes | None, selected: np.ndarray | None, fraction: float):
         """InfiniGen's pool under pressure: keep the cells restores selected most often (ties: newer),
         plus sinks and the recent window. Returns (payload, partial) or None."""
         if self.skew is None:
@@ -97,13 +97,9 @@ class SparseMode:
             return None
         pos = sec.pos
         counts = np.zeros(len(pos))
-        if selected:
-            keys = np.fromiter(selected.keys(), np.int64, len(selected))
-            vals = np.fromiter(selected.values(), np.float64, len(selected))
-            order = np.argsort(pos)
-            at = np.clip(np.searchsorted(pos[order], keys), 0, len(pos) - 1)
-            hit = pos[order][at] == keys
-            counts[order[at[hit]]] = vals[hit]
+        if selected is not None and len(selected):
+            seen = pos < len(selected)
+            counts[seen] = selected[pos[seen]]
         score = counts + pos / (2.0 * max(1, int(pos.max()) + 1))  # ties: newer first
         keep = choose(pos, SelectConfig(budget=fraction, alpha=np.inf, sinks=self.cfg.sinks,
                                         recent=self.cfg.recent), score)

@@ -106,7 +106,7 @@ class StateStore:
     ram: dict[str, Entry] = field(default_factory=dict)
     counts: Counter = field(default_factory=Counter)
     shrink: object = None  # callable(payload, partial, selected) -> (payload, partial) | None
-    selected: dict = field(default_factory=dict)  # state id -> {position: times selected}
+    selected: dict = field(default_factory=dict)  # state id -> times selected, indexed by position
 
     def __post_init__(self):
         self.dir = Path(self.cfg.dir)
@@ -284,9 +284,15 @@ class StateStore:
         return sid
 
     def note_selection(self, state_id: str, positions: np.ndarray) -> None:
-        """Count which cells a sparse restore chose (in memory: no disk write on the request path)."""
-        c = self.selected.setdefault(state_id, Counter())
-        c.update(positions.tolist())
+        """Count which cells a sparse restore chose, per position (in memory: no disk write on the
+        request path)."""
+        if len(positions) == 0:
+            return
+        c = self.selected.get(state_id, np.zeros(0, np.int32))
+        top = int(positions.max()) + 1
+        if len(c) < top:
+            c = self.selected[state_id] = np.concatenate([c, np.zeros(top - len(c), np.int32)])
+        c[positions] += 1
 
     def _row(self, e: Entry, tier: str, size: int) -> dict:
         return {"id": e.id, "path": e.path, "content_hash": e.content_hash, "model": self._model_hex,
@@ -342,7 +348,7 @@ class StateStore:
             _, toks, payload = stateformat.read(self.file_of(row["id"]), self.model, self.layout)
         except (StateFileError, OSError):
             return False
-        out = self.shrink(payload, self.load_partial(row["id"]), self.selected.get(row["id"], {}))
+        out = self.shrink(payload, self.load_partial(row["id"]), self.selected.get(row["id"]))
         if out is None:
             return False
         payload, partial = out
