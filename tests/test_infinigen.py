@@ -1,5 +1,7 @@
 """InfiniGen on real llama.cpp states: capture, calibration, partial keys, selection, sparse restore."""
 
+import io
+
 import numpy as np
 import pytest
 
@@ -282,3 +284,26 @@ def test_support_matrix_reasons(tiny_model, tmp_path, monkeypatch):
             s.reset()
         out = e.complete(req)
         assert out.sparse == {"fallback": "not_calibrated"} and out.cache_tier == "ram"
+
+
+def test_shrink_keeps_the_most_selected_cells(calibrated, tmp_path):
+    from efim_local.infinigen.sparse import SparseMode
+    from efim_local.store import StateStore, StoreConfig
+
+    path, sk, fp = calibrated
+    sk.save(skew_mod.sidecar_path(tmp_path, fp))
+    s = Session(path)
+    try:
+        mode = SparseMode(s.model, path, SelectConfig(sinks=4, recent=16), 64, skew_dir=tmp_path)
+        store = StateStore(StoreConfig(tmp_path / "kv"), b"m", b"l", {})
+        store.note_selection("x", np.arange(100, 130))
+        store.note_selection("x", np.arange(120, 140))
+        assert store.selected["x"][125] == 2 and store.selected["x"][99] == 0
+        out, partial = mode.shrink(s.state, mode.partial_npz(s.state), store.selected["x"], 0.3)
+        kept = kvblob.parse_normalized(out).sections[0].pos
+        assert set(range(100, 140)) <= set(kept.tolist()) and len(kept) == round(0.3 * s.n)
+        assert set(range(4)) <= set(kept.tolist()) and set(range(s.n - 16, s.n)) <= set(kept.tolist())
+        assert np.array_equal(np.load(io.BytesIO(partial))["pos"], kept)
+        store.close()
+    finally:
+        s.close()
