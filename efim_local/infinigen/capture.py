@@ -40,13 +40,19 @@ class QKCapture:
 
     def __init__(self):
         self.active = False
+        self.layers: set[int] | None = None
+        self.kinds: tuple[bytes, ...] = (b"Q", b"K")
         self.q: dict[int, list[np.ndarray]] = {}
         self.k: dict[int, list[np.ndarray]] = {}
         self._last: dict[tuple[bytes, int], np.ndarray] = {}
         self.callback = lib.ggml_backend_sched_eval_callback(self._cb)
 
-    def start(self) -> None:
+    def start(self, layers=None, keys: bool = True) -> None:
+        """Record from now on: every layer, or only ``layers``; Q always, K when ``keys``.
+        Fewer captured nodes mean fewer graph splits, so a cheaper decode."""
         self.q, self.k, self._last = {}, {}, {}
+        self.layers = None if layers is None else set(layers)
+        self.kinds = (b"Q", b"K") if keys else (b"Q",)
         self.active = True
 
     def stop(self) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
@@ -67,7 +73,7 @@ class QKCapture:
             return False
         tensor = ctypes.cast(t, ctypes.POINTER(_Tensor)).contents
         m = _NAME.match(tensor.name)
-        if m is None:
+        if m is None or m.group(1) not in self.kinds or (self.layers is not None and int(m.group(2)) not in self.layers):
             return False
         if ask:
             return True

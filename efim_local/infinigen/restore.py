@@ -65,7 +65,7 @@ class SparseRestorer:
         rank = np.argsort(np.argsort(pos, kind="stable"), kind="stable")  # 0 = oldest
         base = (rank < cfg.sinks) | (rank >= len(pos) - cfg.recent)
         self.load(seq, blob, base)
-        self.cap.start()
+        self.cap.start(layers=self.skew.layers_of(0), keys=False)  # only the queries scoring needs
         try:
             decode_captured(self.ctx, self.batch, self.cap, tail, seq, int(pos.max()) + 1)
         finally:
