@@ -28,6 +28,7 @@ exec > >(tee "$LOG") 2>&1
 log "nvcc: $NVCC ($("$NVCC" --version | tail -1))"
 log "CUDA toolkit: $CUDA_HOME"
 log "architectures: $CUDA_ARCHS"
+log "extra CMake args: ${EXTRA_CMAKE_ARGS:-none}"
 
 # cuBLAS from the registry: unpack the wheel and give the versioned libraries the plain names
 # CMake's FindCUDAToolkit looks for.
@@ -67,5 +68,12 @@ log "built in $(( $(date +%s) - START )) s"
 ls -l "$OUT/bin"/lib*.so*
 # Prove the result is a CUDA backend linked against the registry's cuBLAS.
 readelf -d "$OUT/bin/libggml-cuda.so" | grep NEEDED
-log "OK: CUDA backend in $OUT/bin (architectures $CUDA_ARCHS). It cannot run here: no GPU."
+# Without a GPU, ggml's CUDA init fails and llama.cpp falls back to its CPU backend, so loading
+# the libraries through llama-cpp-python still proves they link and resolve.
+EFIM="$ROOT_DIR/.venv/bin/efim"
+if [ -x "$EFIM" ]; then
+    LLAMA_CPP_LIB_PATH="$OUT/bin" LD_LIBRARY_PATH="$CUBLAS_DIR/lib:$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        "$EFIM" status --json | "$PY" -c 'import json, sys; s = json.load(sys.stdin); print("loaded by llama-cpp-python:", s["library"], "gpu_offload:", s["gpu_offload"])'
+fi
+log "OK: CUDA backend in $OUT/bin (architectures $CUDA_ARCHS). It cannot run on a GPU here: there is none."
 log "use it with: LLAMA_CPP_LIB_PATH=$OUT/bin LD_LIBRARY_PATH=$CUBLAS_DIR/lib:$CUDA_HOME/lib64 efim status"

@@ -67,7 +67,10 @@ class SparseRestorer:
         self.load(seq, blob, base)
         self.cap.start(layers=self.skew.layers_of(0), keys=False)  # only the queries scoring needs
         try:
-            decode_captured(self.ctx, self.batch, self.cap, tail, seq, int(pos.max()) + 1)
+            # Only the last few tail tokens (right after the state: llama.cpp needs consecutive
+            # positions), so the rehearsal stays cheap when the unseen tail is long.
+            n = max(1, cfg.queries)
+            decode_captured(self.ctx, self.batch, self.cap, tail[-n:], seq, int(pos.max()) + 1)
         finally:
             q, _ = self.cap.stop()
             self.ctx.seq_rm(seq, 0, -1)
@@ -87,16 +90,16 @@ class SparseRestorer:
             t0 = time.perf_counter()
             queries = self.rehearse(seq, blob, tail, cfg)
             t1 = time.perf_counter()
-            keys = keys_of(blob, self.skew)
             if cfg.policy == "oracle":
-                scores = cell_scores(queries, keys, None, self.skew.head_dim)
+                scores = cell_scores(queries, keys_of(blob, self.skew), None, self.skew.head_dim)
             else:
                 proj = self.skew.proj if cfg.policy == "infinigen" else self.skew.proj_noskew
-                scores = cell_scores(queries, pkeys if pkeys is not None else partial_keys(keys, proj), proj,
-                                     self.skew.head_dim)
+                if pkeys is None:  # normally saved beside the state, so not on the request path
+                    pkeys = partial_keys(keys_of(blob, self.skew), proj)
+                scores = cell_scores(queries, pkeys, proj, self.skew.head_dim)
             res.rehearsal_ms, res.select_ms = (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3
         t2 = time.perf_counter()
-        mask = choose(sec.pos, cfg, scores)
+        mask = choose(sec.pos, cfg, *scores) if scores is not None else choose(sec.pos, cfg)
         res.bytes_restored = self.load(seq, blob, mask)
         res.restore_ms = (time.perf_counter() - t2) * 1e3
         res.kept, res.positions = int(mask.sum()), np.sort(sec.pos[mask])

@@ -3,8 +3,11 @@
 All policies work on the state's first cache section (every layer of a llama model; the global
 layers of a sliding-window model) and always keep the attention-sink tokens and a recent window.
 
-- ``infinigen``: skewed partial queries against skewed partial keys; a cell is kept when its score
-  is at least max − α for some (layer, head, query) row, best first, up to the budget.
+- ``infinigen``: skewed partial queries against skewed partial keys; a cell qualifies when its
+  score is at least max − α for some (layer, head, query) row; qualifying cells are taken by their
+  speculated attention mass (softmax summed over the rows), largest first, up to the budget.
+  llama.cpp keeps one cell set for all layers and heads, so the cells must be ranked across rows;
+  ranking by mass rather than by the best single row was worth +25 points of top-1 agreement.
 - ``noskew``: the same with the partial dimensions taken in the original basis (the ablation).
 - ``oracle``: the same rule on exact attention scores of the same queries.
 - ``recency``: the last cells only. ``sinks+recency``: StreamingLLM.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,6 +42,7 @@ class SelectConfig:
     alpha: float = 4.0  # keep scores ≥ max − α (InfiniGen uses 4-5)
     sinks: int = 4  # first positions always kept
     recent: int = 64  # last positions always kept
+    queries: int = 8  # last tail tokens rehearsed; their queries stand for the whole tail
     policy: str = "infinigen"
 
 
@@ -67,14 +72,19 @@ def partial_keys(keys: dict[int, np.ndarray], proj: np.ndarray) -> dict[int, np.
             for il, k in keys.items()}
 
 
+class CellScores(NamedTuple):
+    rel: np.ndarray  # per cell: best (score − row max) over layers, heads and queries (≤ 0)
+    mass: np.ndarray  # per cell: softmax attention summed over the same rows
+
+
 def cell_scores(queries: dict[int, np.ndarray], keys: dict[int, np.ndarray], proj: np.ndarray | None,
-                head_dim: int) -> np.ndarray:
-    """Per cell: the best (score − row max) over layers, heads and query tokens (≤ 0).
+                head_dim: int) -> CellScores:
+    """Score every cell against every (layer, KV head, query) row.
 
     ``queries[il]`` is [T, n_head, d]; ``keys[il]`` is [cells, n_kv, r] (partial, with ``proj``)
     or [cells, n_kv, d] (exact, ``proj`` None).
     """
-    best = None
+    rel = mass = None
     scale = 1.0 / math.sqrt(head_dim)
     for il, k in keys.items():
         q = queries[il].astype(np.float32)
@@ -84,13 +94,18 @@ def cell_scores(queries: dict[int, np.ndarray], keys: dict[int, np.ndarray], pro
         if proj is not None:
             q = np.einsum("kxd,kdr->kxr", q, proj[il], optimize=True)
         s = np.einsum("kxr,ckr->kxc", q, k.astype(np.float32), optimize=True) * scale
-        rel = (s - s.max(axis=-1, keepdims=True)).max(axis=(0, 1))
-        best = rel if best is None else np.maximum(best, rel)
-    return best
+        s -= s.max(axis=-1, keepdims=True)
+        r = s.max(axis=(0, 1))
+        np.exp(s, out=s)
+        m = (s / s.sum(axis=-1, keepdims=True)).sum(axis=(0, 1))
+        rel, mass = (r, m) if rel is None else (np.maximum(rel, r), mass + m)
+    return CellScores(rel, mass)
 
 
-def choose(pos: np.ndarray, cfg: SelectConfig, scores: np.ndarray | None = None) -> np.ndarray:
-    """Boolean mask over cells: sinks + recent window + the best-scoring cells, ≤ the budget."""
+def choose(pos: np.ndarray, cfg: SelectConfig, scores: np.ndarray | None = None,
+           order_by: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask over cells: sinks + recent window + the best cells, ≤ the budget. A cell is
+    a candidate when ``scores`` ≥ −α; candidates are taken by ``order_by`` (default: ``scores``), largest first."""
     n = len(pos)
     budget = max(1, int(round(cfg.budget * n)))
     order = np.argsort(pos, kind="stable")
@@ -109,7 +124,8 @@ def choose(pos: np.ndarray, cfg: SelectConfig, scores: np.ndarray | None = None)
     room = budget - int(keep.sum())
     cand = np.flatnonzero(~keep & (scores >= -cfg.alpha))
     if room > 0 and len(cand):
-        cand = cand[np.argsort(-scores[cand], kind="stable")[:room]]
+        key = scores if order_by is None else order_by
+        cand = cand[np.argsort(-key[cand], kind="stable")[:room]]
         keep[cand] = True
     return keep
 
