@@ -70,10 +70,11 @@ ls -l "$OUT/bin"/lib*.so*
 readelf -d "$OUT/bin/libggml-cuda.so" | grep NEEDED
 # Without a GPU, ggml's CUDA init fails and llama.cpp falls back to its CPU backend, so loading
 # the libraries through llama-cpp-python still proves they link and resolve.
+RUNTIME_LIBS="$CUBLAS_DIR/lib:$CUDA_HOME/lib64"
 EFIM="$ROOT_DIR/.venv/bin/efim"
 if [ -x "$EFIM" ]; then
-    LLAMA_CPP_LIB_PATH="$OUT/bin" LD_LIBRARY_PATH="$CUBLAS_DIR/lib:$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    LLAMA_CPP_LIB_PATH="$OUT/bin" LD_LIBRARY_PATH="$RUNTIME_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         "$EFIM" status --json | "$PY" -c 'import json, sys; s = json.load(sys.stdin); print("loaded by llama-cpp-python:", s["library"], "gpu_offload:", s["gpu_offload"])'
 fi
 log "OK: CUDA backend in $OUT/bin (architectures $CUDA_ARCHS). It cannot run on a GPU here: there is none."
-log "use it with: LLAMA_CPP_LIB_PATH=$OUT/bin LD_LIBRARY_PATH=$CUBLAS_DIR/lib:$CUDA_HOME/lib64 efim status"
+log "use it with: LLAMA_CPP_LIB_PATH=$OUT/bin LD_LIBRARY_PATH=$RUNTIME_LIBS efim status"

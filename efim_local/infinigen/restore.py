@@ -85,7 +85,7 @@ class SparseRestorer:
         if sec is None:
             raise ValueError("the state holds no cells")
         res = SparseResult(cfg.policy, sec.cell_count, 0, len(normalized), 0)
-        scores = None
+        scores: tuple = ()  # (rel, mass) for the scoring policies; the others choose by position
         if cfg.policy in ("infinigen", "noskew", "oracle"):
             t0 = time.perf_counter()
             queries = self.rehearse(seq, blob, tail, cfg)
@@ -99,7 +99,7 @@ class SparseRestorer:
                 scores = cell_scores(queries, pkeys, proj, self.skew.head_dim)
             res.rehearsal_ms, res.select_ms = (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3
         t2 = time.perf_counter()
-        mask = choose(sec.pos, cfg, *scores) if scores is not None else choose(sec.pos, cfg)
+        mask = choose(sec.pos, cfg, *scores)
         res.bytes_restored = self.load(seq, blob, mask)
         res.restore_ms = (time.perf_counter() - t2) * 1e3
         res.kept, res.positions = int(mask.sum()), np.sort(sec.pos[mask])
