@@ -320,12 +320,15 @@ def test_watcher_refreshes_changed_files(tmp_path, tiny_model):
     try:
         with d.client() as c:
             complete(c, text=f.read_text(), offset=2000, path=str(f))
+            before = {s["tokens"] for s in c.call("status")["slots"] if s["path"] == str(f)}
             new = "# reformatted\n" + LONG[:3000]
             f.write_text(new)  # a formatter or a git checkout changes it on disk
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
+                # Wait for the refreshed session (another token count), not the old one.
                 slots = c.call("status")["slots"]
-                if any(s["path"] == str(f) and s["tokens"] > 500 for s in slots) and c.call("status")["queued"] == 0:
+                if any(s["path"] == str(f) and s["tokens"] > 500 and s["tokens"] not in before for s in slots) \
+                        and c.call("status")["queued"] == 0:
                     time.sleep(0.5)
                     break
                 time.sleep(0.1)
