@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .config import Config, load
 from .engine import Completion, CompletionRequest, Engine
-from .models import resolve_model
+from .engine.models import resolve_model
 
 __all__ = ["open_engine", "Engine", "Completion", "CompletionRequest", "Config"]
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from .backend import ContextParams
-
-
-class ConfigError(ValueError):
-    pass
+from .errors import ConfigError
 
 
 def config_home() -> Path:
@@ -24,6 +20,20 @@ def cache_home() -> Path:
 
 def state_home() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "efim"
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx_seq: int = 4096  # tokens per slot
+    n_slots: int = 4
+    n_batch: int = 512
+    n_threads: int = 0  # 0: all cores
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    offload_kqv: bool = True
+    swa_full: bool = True  # keeps sliding-window models truncatable at any position
+    kv_unified: bool = False  # False: one KV stream per slot, so attention never scans other slots' cells
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ class Config:
 
     def store_config(self):
         """The StoreConfig for this configuration, or None when the store is off."""
-        from .store import StoreConfig
+        from .kv import StoreConfig
 
         if not self.store:
             return None
@@ -63,6 +73,22 @@ class Config:
                            ram_mb=self.ram_mb, disk_mb=self.disk_mb, min_tokens=self.min_state_tokens,
                            shrink_to=self.sparse_shrink_to if self.sparse_budget > 0 else 0.0,
                            shrink_min_tokens=self.sparse_min_tokens)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Config":
+        """The inverse of to_json (unknown keys are a ConfigError)."""
+        if not isinstance(d, dict) or not isinstance(d.get("context", {}), dict):
+            raise ConfigError("configuration must be a JSON object")
+        d = dict(d)
+        return cls().with_overrides(**d.pop("context", {}), **d)
+
+    def resolved(self) -> "Config":
+        """Relative paths made absolute (for a process that runs elsewhere)."""
+        abs_ = lambda p: str(Path(p).expanduser().resolve()) if p else p
+        return replace(self, model=abs_(self.model), state_dir=abs_(self.state_dir))
 
     def with_overrides(self, **kw) -> "Config":
         ctx_names = {f.name for f in fields(ContextParams)}

@@ -17,15 +17,16 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from efim_local import benchutil as bu
-from efim_local.backend import Batch, Context, ContextParams, Model
-from efim_local.infinigen import skew as skew_mod
-from efim_local.infinigen.capture import QKCapture
-from efim_local.infinigen.restore import SparseRestorer
-from efim_local.infinigen.select import POLICIES, SelectConfig, keys_of, partial_keys
-from efim_local.store import kvblob
-from efim_local.store.fingerprint import model_fingerprint
-from efim_local.tinymodel import stdlib_files
+from efim_local.bench import util as bu
+from efim_local.llama import Batch, Context, ContextParams, Model
+from efim_local.kv.sparse import skew as skew_mod
+from efim_local.kv.sparse.capture import QKCapture
+from efim_local.kv.sparse.restore import SparseRestorer
+from efim_local.kv.sparse.select import POLICIES, SelectConfig, keys_of, partial_keys
+from efim_local.kv import kvblob
+from efim_local.kv.fingerprint import model_fingerprint
+from efim_local.training import corpus
+from efim_local.training.corpus import stdlib_files
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--model", default="gemma", help="'gemma', 'default' or a GGUF path")
@@ -44,7 +45,7 @@ fp = model_fingerprint(model_path).hex()
 side = skew_mod.sidecar_path(skew_mod.default_dir(), fp)
 if not side.exists():
     print("calibrating (no sidecar yet) ...")
-    skew_mod.calibrate(model_path, skew_mod.calibration_text(), fp).save(side)
+    skew_mod.calibrate(model_path, corpus.calibration_text(), fp).save(side)
 skew = skew_mod.Skew.load(side, fp)
 
 cap = QKCapture()

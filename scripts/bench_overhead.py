@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from efim_local import benchutil as bu
+from efim_local.bench import util as bu
 from efim_local.daemon.client import Client
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -9,7 +9,7 @@ from nothing, the RAM tier, the disk tier, and after a restart.
 
 import argparse
 
-from efim_local import benchutil as bu
+from efim_local.bench import util as bu
 from efim_local.bench import restore
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -8,7 +8,7 @@ See efim_local/bench/rounds.py for the protocol; `efim bench` runs it too.
 
 import argparse
 
-from efim_local import benchutil as bu
+from efim_local.bench import util as bu
 from efim_local.bench import rounds
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

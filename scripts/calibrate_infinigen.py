@@ -12,9 +12,10 @@ import argparse
 import time
 from pathlib import Path
 
-from efim_local import benchutil as bu
-from efim_local.infinigen import skew
-from efim_local.store.fingerprint import model_fingerprint
+from efim_local.bench import util as bu
+from efim_local.kv.sparse import skew
+from efim_local.training import corpus
+from efim_local.kv.fingerprint import model_fingerprint
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--model", default="default", help="'default', 'gemma' or a GGUF path")
@@ -26,7 +27,7 @@ args = ap.parse_args()
 model, _ = bu.bench_model(args.model)
 fp = model_fingerprint(model).hex()
 t0 = time.perf_counter()
-s = skew.calibrate(model, skew.calibration_text(), fp, args.tokens, args.ratio)
+s = skew.calibrate(model, corpus.calibration_text(), fp, args.tokens, args.ratio)
 path = skew.sidecar_path(args.out or skew.default_dir(), fp)
 s.save(path)
 print(f"{model.name}: {s.proj.shape[0]} layers, {s.n_head} heads / {s.n_kv} KV heads, head_dim {s.head_dim}, "

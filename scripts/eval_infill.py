@@ -29,11 +29,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from efim_local import benchutil as bu
-from efim_local.backend import ContextParams
+from efim_local.bench import util as bu
+from efim_local.llama import ContextParams
 from efim_local.config import Config
-from efim_local.engine import CompletionRequest, Engine
-from efim_local.planner import Anchor, FileSession
+from efim_local.engine.engine import CompletionRequest, Engine
+from efim_local.prompt.planner import Anchor, FileSession
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "human-eval-infilling"
 
@@ -105,7 +105,8 @@ with Engine(cfg, model) as e:
             # baseline sends the whole prompt as the prefix, tokenized in one piece.
             a = len(prompt) if args.protocol == "paper" and lay == "fim" else len(head)
             anchor = Anchor(a, doc[:a], tuple(tok(doc[:a])), suffix, tuple(tok(suffix)))
-            e.sessions[task["task_id"]] = FileSession(anchor=anchor, layout=lay)
+            session = e.session(task["task_id"])
+            session.anchor, session.layout = anchor, lay
             req = CompletionRequest(doc, len(head) + len(typed), path=task["task_id"], layout=lay,
                                     max_tokens=args.max_tokens, heal=heal, stop_at_newline=args.set == "SingleLine")
             middle = cut_to_hole(e.complete(req).text)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from efim_local import benchutil as bu
+from efim_local.bench import util as bu
 from efim_local.daemon.client import Client
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

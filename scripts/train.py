@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from efim_local import bpe, convert, fragments
-from efim_local.gguf_llama import LlamaConfig
-from efim_local.torch_llama import Llama
+from efim_local.training import bpe, convert, fragments
+from efim_local.training.gguf_llama import LlamaConfig
+from efim_local.training.torch_llama import Llama
 
 
 @dataclass

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from efim_local import tinymodel
-from efim_local.backend import ContextParams
+from efim_local.training import tinymodel
+from efim_local.llama import ContextParams
 from efim_local.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def small_config(**kw) -> Config:
 
 @pytest.fixture(scope="session")
 def model(tiny_model):
-    from efim_local.backend import Model
+    from efim_local.llama import Model
 
     with Model(tiny_model) as m:
         yield m

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from efim_local.backend import Batch, Context, ContextParams, Model
+from efim_local.llama import Batch, Context, ContextParams, Model
 from efim_local.bench import peers, replay, trace
 from efim_local.cli import build_config
-from efim_local.gguf_fim import with_fim_tokens
+from efim_local.bench.fim_copy import with_fim_tokens
 
 
 def test_trace_requests_type_a_commit_at_word_ends():

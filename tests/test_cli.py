@@ -119,7 +119,7 @@ def test_daemon_commands(tmp_path, tiny_model):
         r = efim_cli("daemon", "start", "--model", str(tiny_model), env=env)
         assert r.returncode == 0 and b"started" in r.stdout, r.stderr
         again = efim_cli("daemon", "start", "--model", str(tiny_model), env=env)
-        assert again.returncode == 2 and b"already running" in again.stderr
+        assert again.returncode == 1 and b"already running" in again.stderr
         st = json.loads(efim_cli("daemon", "status", "--json", env=env).stdout)
         assert st["running"] and st["model"] == str(tiny_model) and st["socket"].startswith(str(tmp_path / "rt"))
         src = tmp_path / "d.py"

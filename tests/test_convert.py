@@ -5,11 +5,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from efim_local import bpe, gguf_llama  # noqa: E402
-from efim_local.backend import Batch, Context, ContextParams, Model  # noqa: E402
-from efim_local.gguf_llama import LlamaConfig  # noqa: E402
-from efim_local.tinymodel import read_texts, stdlib_files  # noqa: E402
-from efim_local.torch_llama import Llama  # noqa: E402
+from efim_local.training import bpe, gguf_llama  # noqa: E402
+from efim_local.llama import Batch, Context, ContextParams, Model  # noqa: E402
+from efim_local.training.gguf_llama import LlamaConfig  # noqa: E402
+from efim_local.training.corpus import read_texts, stdlib_files  # noqa: E402
+from efim_local.training.torch_llama import Llama  # noqa: E402
 
 
 def random_model(cfg: LlamaConfig, seed: int) -> Llama:
@@ -50,7 +50,7 @@ def test_gguf_logits_match_pytorch(tmp_path):
 def test_hf_directory_conversion(tmp_path):
     from safetensors.numpy import save_file
 
-    from efim_local.convert import ConvertError, from_hf
+    from efim_local.training.convert import ConvertError, from_hf
 
     tok = bpe.train(read_texts(stdlib_files(200_000)), 400)
     vocab = bpe.to_vocab(tok)

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from efim_local.daemon import protocol as P
-from efim_local.daemon.client import Client, DaemonUnavailable
+from efim_local import errors as P
+from efim_local.errors import EfimError
+from efim_local.daemon.client import Client
+from efim_local.errors import DaemonUnavailable
 
 from .conftest import ROOT
 from .test_engine import SOURCES
@@ -101,7 +103,7 @@ def test_synced_document_and_streaming(daemon):
         ref = complete(c, text=text, offset=text.index("abc") + 3, path="doc-ref.py", max_tokens=12)
         assert ref["text"] == out["text"]
         c.call("didClose", {"path": "doc.py"})
-        with pytest.raises(P.RpcError) as e:
+        with pytest.raises(EfimError) as e:
             c.call("complete", {"path": "doc.py", "offset": 0})
         assert e.value.code == P.INVALID_PARAMS and "not open" in e.value.message
 
@@ -291,7 +293,7 @@ def test_second_daemon_refused_and_stale_socket_replaced(tmp_path, tiny_model):
     d.start()
     try:
         second = subprocess.run(d.args, env=d.env, cwd=ROOT, capture_output=True, timeout=60)
-        assert second.returncode == 2 and b"another efim daemon is running" in second.stderr
+        assert second.returncode == 1 and b"another efim daemon is running" in second.stderr
     finally:
         d.stop()
 

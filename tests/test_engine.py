@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from efim_local.engine import CompletionRequest, Engine
-from efim_local.stream import StopRules, TextStream
-from efim_local.tinymodel import read_texts, stdlib_files
+from efim_local.engine.engine import CompletionRequest, Engine
+from efim_local.engine.stream import StopRules, TextStream
+from efim_local.training.corpus import read_texts, stdlib_files
 
 from .conftest import small_config
 

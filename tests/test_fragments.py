@@ -5,8 +5,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from efim_local import fragments as F
-from efim_local.bpe import EOT, FIM_MID, FIM_PRE, FIM_SUF
+from efim_local.training import fragments as F
+from efim_local.training.bpe import EOT, FIM_MID, FIM_PRE, FIM_SUF
 
 
 def specials(model):

@@ -5,15 +5,15 @@ import io
 import numpy as np
 import pytest
 
-from efim_local.backend import Batch, Context, ContextParams, Model
-from efim_local.infinigen import select, skew as skew_mod
-from efim_local.infinigen.capture import QKCapture
-from efim_local.infinigen.restore import SparseRestorer
-from efim_local.infinigen.select import SelectConfig, Unsupported
-from efim_local.store import kvblob
-from efim_local.store.fingerprint import model_fingerprint
+from efim_local.llama import Batch, Context, ContextParams, Model
+from efim_local.kv.sparse import select, skew as skew_mod
+from efim_local.kv.sparse.capture import QKCapture
+from efim_local.kv.sparse.restore import SparseRestorer
+from efim_local.kv.sparse.select import SelectConfig, Unsupported
+from efim_local.kv import kvblob
+from efim_local.kv.fingerprint import model_fingerprint
 
-TEXT = open(__file__.replace("test_infinigen.py", "../efim_local/planner.py"), encoding="utf-8").read() * 3
+TEXT = open(__file__.replace("test_infinigen.py", "../efim_local/prompt/planner.py"), encoding="utf-8").read() * 3
 
 
 @pytest.fixture(scope="module", params=["llama", "swa"])
@@ -188,8 +188,8 @@ def test_unsupported_kv_type_falls_back(calibrated):
 
 
 def test_engine_sparse_restore_is_opt_in_reported_and_never_saved(calibrated, tmp_path, monkeypatch):
-    from efim_local.engine import CompletionRequest, Engine
-    from efim_local.store import StoreConfig
+    from efim_local.engine.engine import CompletionRequest, Engine
+    from efim_local.kv import StoreConfig
 
     from .conftest import small_config
 
@@ -227,8 +227,8 @@ def test_engine_sparse_restore_is_opt_in_reported_and_never_saved(calibrated, tm
 
 
 def test_disk_pressure_shrinks_long_states_before_evicting(calibrated, tmp_path, monkeypatch):
-    from efim_local.engine import CompletionRequest, Engine
-    from efim_local.store import StoreConfig
+    from efim_local.engine.engine import CompletionRequest, Engine
+    from efim_local.kv import StoreConfig
 
     from .conftest import small_config
 
@@ -265,9 +265,9 @@ def test_disk_pressure_shrinks_long_states_before_evicting(calibrated, tmp_path,
 
 
 def test_support_matrix_reasons(tiny_model, tmp_path, monkeypatch):
-    from efim_local.engine import CompletionRequest, Engine
-    from efim_local.infinigen.sparse import SparseMode
-    from efim_local.store import StoreConfig
+    from efim_local.engine.engine import CompletionRequest, Engine
+    from efim_local.kv.sparse.sparse import SparseMode
+    from efim_local.kv import StoreConfig
 
     from .conftest import small_config
 
@@ -293,8 +293,8 @@ def test_support_matrix_reasons(tiny_model, tmp_path, monkeypatch):
 
 
 def test_shrink_keeps_the_most_selected_cells(calibrated, tmp_path):
-    from efim_local.infinigen.sparse import SparseMode
-    from efim_local.store import StateStore, StoreConfig
+    from efim_local.kv.sparse.sparse import SparseMode
+    from efim_local.kv import StateStore, StoreConfig
 
     path, sk, fp = calibrated
     sk.save(skew_mod.sidecar_path(tmp_path, fp))

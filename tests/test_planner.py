@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from efim_local import planner as P
-from efim_local.planner import FileSession, Markers, Planner, PlannerLimits
+from efim_local.prompt import planner as P
+from efim_local.prompt.planner import FileSession, Markers, Planner, PlannerLimits
 
 MARK = Markers(pre=(1,), suf=(2,), mid=(3,))
 ALPHABET = st.sampled_from(list("abc XYZ_()=:.,\t\n\r") + ["é", "λ", "日本", "🙂", "def ", "    ", "\r\n"])

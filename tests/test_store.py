@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from efim_local.engine import CompletionRequest, Engine
-from efim_local.store import StateStore, StoreConfig, kvblob, stateformat
-from efim_local.store.stateformat import StateFileError
+from efim_local.engine.engine import CompletionRequest, Engine
+from efim_local.kv import StateStore, StoreConfig, kvblob, stateformat
+from efim_local.kv.stateformat import StateFileError
 
 from .conftest import ROOT, small_config
 from .test_engine import EDIT, SOURCES, apply
@@ -145,8 +145,8 @@ def test_restored_kv_is_token_identical(tmp_path_factory, arch_model, srcs, edit
 
 CHILD = textwrap.dedent("""
     import os, sys, time
-    from efim_local.engine import CompletionRequest, Engine
-    from efim_local.store import StoreConfig, stateformat, index
+    from efim_local.engine.engine import CompletionRequest, Engine
+    from efim_local.kv import StoreConfig, stateformat, index
     from tests.conftest import small_config
     from tests.test_engine import SOURCES
     model, d, where = sys.argv[1], sys.argv[2], sys.argv[3]

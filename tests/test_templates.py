@@ -1,6 +1,6 @@
-from efim_local import templates
-from efim_local.bpe import FILE_SEP, FIM_MID, FIM_PAD, FIM_PRE, FIM_SUF
-from efim_local.planner import FileSession, Planner
+from efim_local.prompt import templates
+from efim_local.training.bpe import FILE_SEP, FIM_MID, FIM_PAD, FIM_PRE, FIM_SUF
+from efim_local.prompt.planner import FileSession, Planner
 
 
 def test_gguf_ids(model):

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..benchutil import spawn_daemon
+from .util import spawn_daemon
 from ..daemon.client import Client
-from ..planner import FileSession
+from ..prompt.planner import FileSession
 from .trace import Request
 
 SERVER_BIN = Path(__file__).resolve().parent.parent.parent / "native" / "build" / "server" / "bin" / "llama-server"
@@ -180,9 +180,9 @@ class ServerCompletion:
     name = "llama-server /completion EFIM"
 
     def __init__(self, server: LlamaServer, model: Path, n_ctx: int, max_tokens: int):
-        from ..backend import Model
+        from ..llama import Model
         from ..config import Config
-        from ..engine import make_planner
+        from ..engine.engine import make_planner
 
         self.server, self.max_tokens = server, max_tokens
         self.model = Model(model, vocab_only=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .. import benchutil as bu
+from . import util as bu
 from . import peers, trace
 
 

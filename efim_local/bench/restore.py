@@ -14,12 +14,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .. import benchutil as bu
-from ..backend import ContextParams
+from . import util as bu
+from ..llama import ContextParams
 from ..config import Config
-from ..engine import CompletionRequest, Engine
-from ..store import StoreConfig
-from ..tinymodel import stdlib_files
+from ..engine.engine import CompletionRequest, Engine
+from ..kv import StoreConfig
+from ..training.corpus import stdlib_files
 
 
 def evict_page_cache(d: Path) -> None:
@@ -32,17 +32,11 @@ def evict_page_cache(d: Path) -> None:
             os.close(fd)
 
 
-def _ttft(engine: Engine, tokens, expect: str | None = None) -> float:
-    out = engine.run(tokens, CompletionRequest("", 0, max_tokens=1), path="bench.py")
+def _ttft(engine: Engine, tokens, expect: str | None = None, cold: bool = False) -> float:
+    out = engine.run(tokens, CompletionRequest("", 0, max_tokens=1), path="bench.py", cold=cold)
     if expect and out.cache_tier != expect:
         raise RuntimeError(f"expected a {expect} hit, got {out.cache_tier}")
     return out.timings.prompt_ms
-
-
-def _drop_slots(engine: Engine) -> None:
-    for s in engine.slots.slots:
-        engine.ctx.seq_rm(s.seq, 0, -1)
-        s.reset()
 
 
 def run(name: str, model: Path, template: str | None, sizes: list[int], repeat: int = 3) -> list[dict]:
@@ -61,19 +55,16 @@ def run(name: str, model: Path, template: str | None, sizes: list[int], repeat: 
                 e.flush()  # now in the RAM tier
                 ram = []
                 for _ in range(repeat):
-                    _drop_slots(e)
+                    e.clear_slots()
                     ram.append(_ttft(e, tokens, "ram"))
                 e.store.spill()  # now on disk
                 disk = []
                 for _ in range(repeat):
-                    _drop_slots(e)
+                    e.clear_slots()
                     evict_page_cache(d)
                     disk.append(_ttft(e, tokens, "disk"))
-                store, e.store = e.store, None  # more prefill samples, with the store out of the way
-                for _ in range(repeat - 1):
-                    _drop_slots(e)
-                    prefill.append(_ttft(e, tokens))
-                e.store = store
+                for _ in range(repeat - 1):  # more prefill samples, ignoring every cached state
+                    prefill.append(_ttft(e, tokens, cold=True))
                 size = sum(p.stat().st_size for p in (d / "states").glob("*.kv"))
             with Engine(cfg, model, store=sc) as e:
                 evict_page_cache(d)

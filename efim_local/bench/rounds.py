@@ -12,10 +12,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .. import benchutil as bu
-from ..backend import ContextParams
+from . import util as bu
+from ..llama import ContextParams
 from ..config import Config
-from ..engine import CompletionRequest, Engine
+from ..engine.engine import CompletionRequest, Engine
 
 
 def run(model: Path, template: str | None, files: int = 4, rounds: int = 5, max_tokens: int = 128,
@@ -39,7 +39,7 @@ def run(model: Path, template: str | None, files: int = 4, rounds: int = 5, max_
                 req = CompletionRequest(doc, end, path=name, layout=layout, max_tokens=max_tokens,
                                         temperature=0.2, top_p=0.95, top_k=20, seed=r, ignore_eog=True)
                 out = engine.complete(req)
-                anchor = engine.sessions[name].anchor.offset
+                anchor = engine.session(name).anchor.offset
                 rows.append({"file": name, "round": r, "middle": len(engine.model.tokenize(doc[anchor:end])),
                              "ttft_ms": out.timings.prompt_ms, "total_ms": out.timings.total_ms,
                              "prompt": out.tokens.prompt, "cached": out.tokens.cached,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import benchutil as bu
+from . import util as bu
 from . import peers, replay, restore, rounds
 
 PARTS = ("replay", "rounds", "restore")
@@ -27,7 +27,7 @@ def bench_model(name: str) -> tuple[Path, str | None]:
     """The model every part runs; for gemma3-270m a copy with FIM tokens, so ``/infill`` works."""
     if name == "gemma":
         from ..config import cache_home
-        from ..gguf_fim import with_fim_tokens
+        from .fim_copy import with_fim_tokens
 
         dst = cache_home() / "gemma3-270m-q4_k_m-fim.gguf"
         dst.parent.mkdir(parents=True, exist_ok=True)

@@ -12,23 +12,17 @@ import sys
 import click
 
 from .. import config as config_mod
-from ..backend import BackendError
-from ..config import ConfigError
-from ..document import DocumentError
-from ..planner import PlanError
-from ..daemon.protocol import RpcError
-from ..templates import TemplateError
-
-USER_ERRORS = (DocumentError, PlanError, TemplateError, ConfigError, BackendError, OSError, RpcError)
+from ..errors import EfimError
 
 
-def fail(msg: str) -> None:
+def fail(msg: str, code: int = 1) -> None:
+    """One line on stderr, then exit (2: a usage error; 1: anything else)."""
     click.echo(f"efim: error: {msg}", err=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def user_errors(fn):
-    """Turn expected failures into a one-line message and exit code 2."""
+    """Turn failures into one line on stderr and the error's exit code; never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*a, **kw):
@@ -37,8 +31,10 @@ def user_errors(fn):
         except BrokenPipeError:  # the reader went away (`| head`): nothing to report
             sys.stderr.close()
             sys.exit(0)
-        except USER_ERRORS as e:
-            fail(str(e) or e.__class__.__name__)
+        except EfimError as e:
+            fail(str(e) or e.__class__.__name__, e.exit_code)
+        except OSError as e:  # the file system said no: not a usage error
+            fail(str(e) or e.__class__.__name__, 1)
 
     return wrapper
 
@@ -80,6 +76,25 @@ def model_options(fn):
     return fn
 
 
+def request_options(fn):
+    """The completion request's options, from its one definition (engine/request.py)."""
+    from ..engine.request import CompletionRequest
+
+    for name, default, meta in reversed(CompletionRequest.options()):
+        if not meta["cli"] or name == "layout":  # --layout comes with the model options
+            continue
+        flag = "--" + name.replace("_", "-")
+        if meta["kind"] is bool:
+            opt = click.option(flag, is_flag=True, default=None, help=meta["help"])
+        else:
+            lo, hi = meta["lo"], meta["hi"]
+            kind = click.FloatRange(lo, hi) if meta["kind"] is float else click.IntRange(lo, hi)
+            opt = click.option(flag, type=kind, default=None, help=meta["help"],
+                               show_default=str(default) if default is not None else None)
+        fn = opt(fn)
+    return fn
+
+
 def build_config(model, layout, fim_template, fim_family, n_ctx, threads, n_gpu_layers, main_gpu,
                  offload_kqv, flash_attn, **extra):
     """The config file's settings with the command line's on top (None: not given)."""
@@ -87,7 +102,6 @@ def build_config(model, layout, fim_template, fim_family, n_ctx, threads, n_gpu_
     return cfg.with_overrides(model=model, layout=layout, fim_template=fim_template, fim_family=fim_family,
                               n_ctx_seq=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
                               main_gpu=main_gpu, offload_kqv=offload_kqv, flash_attn=flash_attn, **extra)
-
 
 
 def pairs(d: dict) -> str:

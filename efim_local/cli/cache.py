@@ -20,7 +20,7 @@ def cache():
 
 
 def _admin_store():
-    from ..store import StateStore
+    from ..kv import StateStore
 
     return StateStore.admin(config_mod.load().store_config() or config_mod.Config().store_config())
 

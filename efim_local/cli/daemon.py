@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import click
 
-from . import build_config, emit, fail, main, model_options, pairs, user_errors
+from . import build_config, config_mod, emit, main, model_options, pairs, user_errors
 
 
 @main.command()
@@ -16,9 +17,10 @@ from . import build_config, emit, fail, main, model_options, pairs, user_errors
 @click.option("--queue-size", type=click.IntRange(1, 1024), default=16, show_default=True,
               help="Requests that may wait; more are answered 'busy'.")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@click.option("--config-stdin", is_flag=True, hidden=True, help="Read the whole configuration as JSON from stdin.")
 @model_options
 @user_errors
-def serve(sock, roots, queue_size, verbose, **model_kw):
+def serve(sock, roots, queue_size, verbose, config_stdin, **model_kw):
     """Run the daemon in the foreground (Ctrl-C stops it).
 
     \b
@@ -31,17 +33,18 @@ def serve(sock, roots, queue_size, verbose, **model_kw):
 
     from ..api import open_engine
     from ..daemon import paths
-    from ..daemon.server import AlreadyRunning, Server
+    from ..daemon.server import Server
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = build_config(**model_kw)
+    if config_stdin:  # `efim daemon start`: the settings travel as configuration, not as argv
+        settings = json.loads(sys.stdin.read())
+        cfg, roots = config_mod.Config.from_json(settings["config"]), tuple(settings.get("watch", ())) + roots
+    else:
+        cfg = build_config(**model_kw)
     server = Server(Path(sock) if sock else None, queue_size=queue_size)
     try:
         server.bind()
-    except AlreadyRunning as e:
-        fail(str(e))
-    try:
         engine = open_engine(cfg)
     except BaseException:
         server.close()
@@ -77,41 +80,46 @@ def daemon():
 
 @daemon.command("start")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for it to answer.")
+@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False), help="Workspace root to watch (repeatable).")
 @model_options
 @user_errors
-def daemon_start(timeout, **model_kw):
+def daemon_start(timeout, roots, **model_kw):
     """Start the daemon in the background (logs go to the state directory).
 
     \b
     Example:
       efim daemon start --model ~/models/qwen2.5-coder-1.5b.gguf
     """
-    pid = start_daemon(timeout, model_kw)
+    pid = start_daemon(timeout, build_config(**model_kw), roots)
     click.echo(f"efim daemon started (pid {pid})")
 
 
-def start_daemon(timeout: float, model_kw: dict) -> int:
+def start_daemon(timeout: float, cfg, roots=()) -> int:
+    """Start ``efim serve`` in the background with configuration ``cfg``; returns its pid."""
     import subprocess
     import time
 
     from ..daemon import client, paths
+    from ..errors import AlreadyRunning, DaemonError
 
     if client.running():
-        fail(f"an efim daemon is already running on {paths.socket_path()}")
-    args = [sys.executable, "-m", "efim_local.cli", "serve"]
-    for k, v in model_kw.items():
-        if v is not None:
-            args += [f"--{k.replace('_', '-')}", str(v)]
+        raise AlreadyRunning(f"an efim daemon is already running on {paths.socket_path()}")
+    settings = {"config": cfg.resolved().to_json(), "watch": [str(Path(r).resolve()) for r in roots]}
+    # -P: the caller's working directory is not on sys.path (a local logging.py must not shadow ours).
+    args = [sys.executable, "-P", "-m", "efim_local.cli", "serve", "--config-stdin"]
     log = open(paths.log_file(), "ab")
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True,
+                            cwd=paths.log_file().parent)
+    proc.stdin.write(json.dumps(settings).encode())
+    proc.stdin.close()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if client.running():
             return proc.pid
         if proc.poll() is not None:
-            fail(f"the daemon exited with code {proc.returncode}; see {paths.log_file()}")
+            raise DaemonError(f"the daemon exited with code {proc.returncode}; see {paths.log_file()}")
         time.sleep(0.1)
-    fail(f"the daemon did not answer within {timeout:.0f} s; see {paths.log_file()}")
+    raise DaemonError(f"the daemon did not answer within {timeout:.0f} s; see {paths.log_file()}")
 
 
 @daemon.command("stop")
@@ -132,17 +140,19 @@ def stop_daemon(timeout: float = 60.0) -> None:
 
     from ..daemon import client
 
+    from ..errors import DaemonError, DaemonUnavailable
+
     try:
         with client.Client(timeout=5) as c:
             pid = c.call("status")["pid"]
             c.call("shutdown")
-    except client.DaemonUnavailable:
-        fail("no efim daemon is running")
+    except DaemonUnavailable:
+        raise DaemonError("no efim daemon is running") from None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and (client.running() or _alive(pid)):
         time.sleep(0.1)
     if client.running():
-        fail("the daemon did not stop")
+        raise DaemonError("the daemon did not stop")
 
 
 def _alive(pid: int) -> bool:
@@ -166,11 +176,12 @@ def daemon_status(as_json):
       efim daemon status --json
     """
     from ..daemon import client
+    from ..errors import DaemonUnavailable
 
     try:
         with client.Client(timeout=10) as c:
             st = c.call("status")
-    except client.DaemonUnavailable:
+    except DaemonUnavailable:
         if as_json:
             emit({"running": False}, True)
         else:
@@ -181,6 +192,8 @@ def daemon_status(as_json):
         return emit(st, True)
     click.echo(f"running      pid {st['pid']} on {st['socket']}, up {st['uptime_s']} s")
     click.echo(f"model        {st['model']} ({st['layout']}, sliding window: {st['swa_strategy']})")
+    click.echo(f"context      {st['n_slots']} slots x {st['n_ctx_seq']} tokens, {st['threads']} threads, "
+               f"KV {st['type_k']}/{st['type_v']}, flash attention {'on' if st['flash_attn'] else 'off'}")
     click.echo(f"requests     {st['served']} served, {st['errors']} errors, {st['queued']} queued")
     for s in st["slots"]:
         click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {s['path'] or '-'}")
@@ -205,5 +218,5 @@ def daemon_restart(timeout, **model_kw):
 
     if client.running():
         stop_daemon()
-    pid = start_daemon(timeout, model_kw)
+    pid = start_daemon(timeout, build_config(**model_kw))
     click.echo(f"efim daemon restarted (pid {pid})")

@@ -9,11 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import paths
-from .protocol import RpcError
-
-
-class DaemonUnavailable(ConnectionError):
-    pass
+from ..errors import DaemonUnavailable, EfimError, from_wire
+from .framing import request
 
 
 class Client:
@@ -53,7 +50,7 @@ class Client:
     def call(self, method: str, params: dict | None = None,
              on_notification: Callable[[dict], Any] | None = None) -> Any:
         rid = next(self.ids)
-        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        self.sock.sendall(request(rid, method, params))
         while True:
             msg = self.read()
             if "id" not in msg:
@@ -63,7 +60,7 @@ class Client:
             if msg["id"] != rid:
                 continue
             if "error" in msg:
-                raise RpcError(msg["error"]["code"], msg["error"]["message"])
+                raise from_wire(msg["error"])
             return msg["result"]
 
     def notify(self, method: str, params: dict | None = None) -> None:
@@ -75,5 +72,5 @@ def running(sock_path: str | Path | None = None) -> bool:
         with Client(sock_path, timeout=2) as c:
             c.call("status")
         return True
-    except (DaemonUnavailable, OSError, RpcError, ValueError):
+    except (OSError, EfimError, ValueError):
         return False

@@ -1,86 +1,102 @@
-"""Documents synced by editors (LSP-style didOpen / didChange / didClose)."""
+"""Documents synced by editors (LSP-style didOpen / didChange / didClose).
+
+The text lives in the engine's per-file state (``engine/files.py``); this
+module applies the editors' edits to it.
+"""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-
-from ..document import MAX_DOCUMENT_BYTES, DocumentError, offset_of
-from .protocol import INVALID_PARAMS, RpcError, get
+from ..engine.files import FileState, Files
+from ..errors import DocumentError, InvalidParams
+from ..prompt.document import MAX_DOCUMENT_BYTES, offset_of
+from .framing import param
 
 MAX_DOCUMENTS = 256
 MAX_CHANGES = 10_000
-
-
-@dataclass
-class Document:
-    path: str
-    text: str
-    version: int = 0
-    touched: float = field(default_factory=time.monotonic)
+MAX_PATH = 4096
 
 
 def position(params: dict, key: str, text: str) -> int:
     """A cursor given as {"line", "character"} (0-based, code points) → offset."""
-    pos = get(params, key, dict)
-    line = get(pos, "line", int, lo=0, hi=1 << 31)
-    char = get(pos, "character", int, lo=0, hi=1 << 31)
+    pos = param(params, key, dict)
+    line = param(pos, "line", int, lo=0, hi=1 << 31)
+    char = param(pos, "character", int, lo=0, hi=1 << 31)
     try:
         return offset_of(text, line, char)
     except DocumentError as e:
-        raise RpcError(INVALID_PARAMS, f"invalid params: {e}") from None
+        raise InvalidParams(f"invalid params: {e}") from None
 
 
-def _check_size(text: str) -> None:
+def path_param(params: dict) -> str:
+    path = param(params, "path", str)
+    if len(path) > MAX_PATH:
+        raise InvalidParams("invalid params: 'path' is too long")
+    return path
+
+
+def check_size(text: str) -> None:
     if len(text) > MAX_DOCUMENT_BYTES:  # code points <= bytes; cheap first test
-        raise RpcError(INVALID_PARAMS, f"invalid params: document larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
+        raise InvalidParams(f"invalid params: document larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
 
 
 class Documents:
     """Open documents by path, at most ``limit`` of them."""
 
-    def __init__(self, limit: int = MAX_DOCUMENTS):
-        self.limit = limit
-        self.docs: dict[str, Document] = {}
+    def __init__(self, files: Files, limit: int = MAX_DOCUMENTS):
+        self.files, self.limit = files, limit
 
-    def open(self, params: dict) -> Document:
-        path = get(params, "path", str)
-        text = get(params, "text", str)
-        _check_size(text)
-        if path not in self.docs and len(self.docs) >= self.limit:
-            raise RpcError(INVALID_PARAMS, f"invalid params: more than {self.limit} open documents")
-        doc = Document(path, text, get(params, "version", int, 0, lo=0, hi=1 << 53))
-        self.docs[path] = doc
-        return doc
+    def open(self, params: dict) -> FileState:
+        path = path_param(params)
+        text = param(params, "text", str)
+        check_size(text)
+        version = param(params, "version", int, 0, lo=0, hi=1 << 53)
+        with self.files.lock:
+            f = self.files.get(path)
+            if (f is None or not f.open) and self.files.n_open() >= self.limit:
+                raise InvalidParams(f"invalid params: more than {self.limit} open documents")
+            f = self.files.entry(path)
+            f.text, f.version, f.open = text, version, True
+            return f
 
-    def get(self, path: str) -> Document:
-        doc = self.docs.get(path)
-        if doc is None:
-            raise RpcError(INVALID_PARAMS, f"invalid params: document not open: {path}")
-        return doc
+    def get(self, path: str) -> FileState:
+        f = self.files.get(path)
+        if f is None or not f.open:
+            raise InvalidParams(f"invalid params: document not open: {path}")
+        return f
 
-    def change(self, params: dict) -> Document:
-        doc = self.get(get(params, "path", str))
-        changes = get(params, "contentChanges", list)
+    def text(self, path: str) -> str:
+        with self.files.lock:
+            return self.get(path).text
+
+    def change(self, params: dict) -> FileState:
+        path = path_param(params)
+        changes = param(params, "contentChanges", list)
         if len(changes) > MAX_CHANGES:
-            raise RpcError(INVALID_PARAMS, "invalid params: too many content changes")
-        text = doc.text
-        for ch in changes:
-            if not isinstance(ch, dict):
-                raise RpcError(INVALID_PARAMS, "invalid params: a content change must be an object")
-            new = get(ch, "text", str)
-            if "range" in ch:
-                rng = get(ch, "range", dict)
-                start, end = position(rng, "start", text), position(rng, "end", text)
-                if end < start:
-                    raise RpcError(INVALID_PARAMS, "invalid params: range end before start")
-                text = text[:start] + new + text[end:]
-            else:
-                text = new
-            _check_size(text)
-        doc.text, doc.touched = text, time.monotonic()
-        doc.version = get(params, "version", int, doc.version + 1, lo=0, hi=1 << 53)
-        return doc
+            raise InvalidParams("invalid params: too many content changes")
+        with self.files.lock:
+            f = self.get(path)
+            text = f.text
+            for ch in changes:
+                if not isinstance(ch, dict):
+                    raise InvalidParams("invalid params: a content change must be an object")
+                new = param(ch, "text", str)
+                if "range" in ch:
+                    rng = param(ch, "range", dict)
+                    start, end = position(rng, "start", text), position(rng, "end", text)
+                    if end < start:
+                        raise InvalidParams("invalid params: range end before start")
+                    text = text[:start] + new + text[end:]
+                else:
+                    text = new
+                check_size(text)
+            f.text = text  # all changes or none
+            f.version = param(params, "version", int, f.version + 1, lo=0, hi=1 << 53)
+            self.files.entry(path)
+            return f
 
     def close(self, params: dict) -> None:
-        self.docs.pop(get(params, "path", str), None)
+        path = path_param(params)
+        with self.files.lock:
+            f = self.files.get(path)
+            if f is not None:
+                f.open = False

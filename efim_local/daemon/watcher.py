@@ -66,5 +66,6 @@ class Watcher:
         self.observer.start()
 
     def stop(self) -> None:
-        self.observer.stop()
-        self.observer.join(timeout=5)
+        if self.observer.is_alive():  # never started when the daemon failed to start
+            self.observer.stop()
+            self.observer.join(timeout=5)

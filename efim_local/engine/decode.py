@@ -1,0 +1,107 @@
+"""Decoding into a slot: prefill the missing prompt tokens, then sample until a stop rule fires."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import Cancelled, NoKvSlot
+from ..llama import Batch, Context, Model, Sampler
+from ..prompt import healing
+from ..prompt.healing import Healer
+from .slots import Slot, SlotManager
+from .stream import StopRules, TextStream
+
+
+class Decoder:
+    """Drives ``llama_decode`` for one slot at a time (the engine thread only)."""
+
+    def __init__(self, model: Model, ctx: Context, batch: Batch, slots: SlotManager, stop_tokens: frozenset[int]):
+        self.model, self.ctx, self.batch, self.slots = model, ctx, batch, slots
+        self.stop_tokens = stop_tokens
+        self._healer: Healer | None = None
+
+    @property
+    def healer(self) -> Healer:
+        if self._healer is None:  # built on first use: it reads the whole vocabulary
+            self._healer = Healer([self.model.piece(t) for t in range(self.model.n_vocab)])
+        return self._healer
+
+    def prefill(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None) -> int:
+        """Make ``slot`` hold KV for prompt[:-1] plus logits for the last token; returns tokens evaluated.
+
+        ``should_stop()`` is polled between batches; when true, Cancelled is raised and the slot
+        keeps what was decoded so far."""
+        n_common = min(n_common, len(prompt) - 1)  # the last token is decoded to get logits
+        if not self.ctx.seq_rm(slot.seq, n_common, -1):
+            self.ctx.seq_rm(slot.seq, 0, -1)  # cannot truncate here: recompute from scratch
+            n_common = 0
+        slot.tokens = prompt[:n_common]
+        pos = n_common
+        while pos < len(prompt):
+            if should_stop is not None and should_stop():
+                raise Cancelled()
+            chunk = prompt[pos:pos + self.batch.capacity]
+            self.batch.clear()
+            self.batch.extend(chunk, pos, slot.seq)
+            if pos + len(chunk) == len(prompt):
+                self.batch.raw.logits[len(chunk) - 1] = True
+            self.decode(slot)
+            pos += len(chunk)
+            slot.tokens = prompt[:pos]
+        return len(prompt) - n_common
+
+    def decode(self, slot: Slot) -> None:
+        """Decode the batch; on a full KV cache evict other slots (LRU first) and retry."""
+        while True:
+            try:
+                return self.ctx.decode(self.batch)
+            except NoKvSlot:
+                victim = self.slots.lru(exclude={slot.seq})
+                if victim is None:
+                    raise
+                self.ctx.seq_rm(victim.seq, 0, -1)
+                victim.reset()
+
+    def generate(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text=None,
+                 ignore_eog: bool = False, should_stop=None, heal: bytes = b""):
+        """Sample until a stop rule fires; returns (ids, stream, stop_reason, time of first token).
+
+        ``heal`` is text backed off the prompt that the first tokens must spell out again."""
+        stream = TextStream(rules)
+        ids: list[int] = []
+        row = self.batch.raw.n_tokens - 1
+        t_first, reason = None, "max_tokens"
+        while len(ids) < rules.max_tokens:
+            if heal:  # constrained: the token must agree with the backed-off text
+                tok = healing.pick(self.ctx.logits(row), self.healer.allowed(heal))
+                raw = self.model.piece(tok)
+                raw, heal = (raw[len(heal):], b"") if raw.startswith(heal) else (b"", heal[len(raw):])
+            else:
+                tok = sampler.sample(self.ctx, row)
+                raw = self.model.piece(tok)
+            if t_first is None:
+                t_first = time.perf_counter()
+            if not ignore_eog and (self.model.is_eog(tok) or tok in self.stop_tokens):
+                reason = "eog"
+                break
+            ids.append(tok)
+            piece = stream.feed(raw)
+            if piece and on_text:
+                on_text(piece)
+            if stream.stop_reason:
+                reason = stream.stop_reason
+                break
+            if len(ids) >= rules.max_tokens:
+                break
+            if should_stop is not None and should_stop():
+                raise Cancelled()
+            self.batch.clear()
+            self.batch.add(tok, n_prompt + len(ids) - 1, slot.seq, logits=True)
+            self.decode(slot)
+            row = 0
+        tail = stream.finish()
+        if tail and on_text:
+            on_text(tail)
+        return ids, stream, reason, t_first

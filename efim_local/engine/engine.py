@@ -1,0 +1,233 @@
+"""The completion engine: one model, one context, several slots, EFIM plans.
+
+The data path of a request: plan it (``prompt/``), find where its KV starts
+(``reuse.py``: live slot, saved state, sparse restore), decode the rest and
+sample (``decode.py``), keep the prompt's KV for the next keystroke.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from ..config import Config
+from ..errors import InvalidParams
+from ..kv import StateStore, StoreConfig
+from ..kv.fingerprint import layout_key, layout_params, model_fingerprint
+from ..llama import Batch, Context, Model, Sampler, SamplerParams
+from ..llama._lib import library_info
+from ..prompt import templates
+from ..prompt.healing import Healer
+from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits
+from .decode import Decoder
+from .files import Files
+from .models import default_layout
+from .request import Completion, CompletionRequest, Timings, TokenCounts
+from .reuse import Reuse
+from .slots import SlotManager
+from .stream import StopRules
+
+
+def make_planner(model: Model, config: Config) -> tuple[templates.Template, Planner]:
+    """The FIM template and the planner a config gives for ``model`` (as the engine plans)."""
+    template = templates.resolve(
+        model, family=config.fim_family,
+        text=templates.parse_text_template(config.fim_template) if config.fim_template else None,
+        order=config.fim_order)
+    planner = Planner(model.tokenize, template.markers, PlannerLimits(
+        n_ctx=config.context.n_ctx_seq, max_middle_tokens=config.max_middle_tokens,
+        reserve_tokens=config.max_tokens))
+    return template, planner
+
+
+class Engine:
+    """Owns the llama.cpp model and context. Not thread-safe: one thread drives it.
+
+    Use it as a context manager; ``close()`` saves dirty slots, then frees everything in
+    reverse order of creation."""
+
+    def __init__(self, config: Config, model_path: str | Path, store: StoreConfig | None = None):
+        self.config = config
+        with ExitStack() as stack:
+            self.model = stack.enter_context(
+                Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu))
+            self.template, self.planner = make_planner(self.model, config)
+            self.sparse = None
+            if config.sparse_budget > 0:
+                from ..kv.sparse.select import SelectConfig
+                from ..kv.sparse.sparse import SparseMode
+
+                self.sparse = SparseMode(self.model, Path(model_path), SelectConfig(
+                    budget=config.sparse_budget, alpha=config.sparse_alpha), config.sparse_min_tokens)
+            # Only a context that restores states needs the (slower) eval callback.
+            cb = self.sparse.eval_callback if self.sparse and store is not None else None
+            self.ctx = stack.enter_context(Context(self.model, config.context, cb))
+            self.batch = stack.enter_context(Batch(self.ctx.n_batch, config.context.n_slots))
+            self.slots = SlotManager(config.context.n_slots)
+            self.files = Files()
+            # Sliding-window caches keep only the window when serialized: restore whole states only.
+            self.swa = self.model.n_swa > 0
+            self.swa_strategy = ("swa_full" if config.context.swa_full else "recompute") if self.swa else "none"
+            self.n_stream = 1 if config.context.kv_unified else config.context.n_slots
+            self.store = None
+            if store is not None:
+                import llama_cpp
+
+                params = layout_params(config.context, llama_cpp.__version__)
+                self.store = stack.enter_context(StateStore(
+                    store, model_fingerprint(model_path), layout_key(params), params, whole_state_only=self.swa))
+                if self.sparse is not None:
+                    self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
+                    if self.sparse.skew is not None:
+                        frac = store.shrink_to
+                        self.store.shrink = lambda payload, partial, sel: self.sparse.shrink(payload, partial, sel, frac)
+            self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens)
+            self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
+                               self.n_stream, self.swa)
+            self.default_layout, self.fragment_trained = default_layout(self.model.meta, config.layout)
+            if self.store is not None:  # last in, first out: saves run before the store closes
+                stack.callback(self._save_all)
+            self._stack = stack.pop_all()
+
+    # -- lifetime -------------------------------------------------------------------------
+    def _save_all(self) -> None:
+        self.reuse.flush()
+        self.store.spill()
+
+    def close(self) -> None:
+        """Save dirty slots to disk, then free llama.cpp objects (idempotent)."""
+        stack, self._stack = getattr(self, "_stack", None), None
+        if stack is not None:
+            stack.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- requests -------------------------------------------------------------------------
+    def session(self, path: str) -> FileSession:
+        """The planning session (anchor, layout) of a file, created if new."""
+        f = self.files.entry(path)
+        if f.session is None:
+            f.session = FileSession(layout=self.default_layout)
+        return f.session
+
+    def plan(self, req: CompletionRequest) -> Plan:
+        """The token plan for a request (and the file's new anchor, if it moved)."""
+        plan = self.planner.plan(self.session(req.path), req.text, req.cursor, req.layout,
+                                 reserve=self._max_tokens(req))
+        f = self.files.entry(req.path)
+        f.cursor = req.cursor
+        if not f.open:  # an open document's text is the editor's to change
+            f.text = req.text
+        return plan
+
+    def _max_tokens(self, req: CompletionRequest) -> int:
+        return req.max_tokens if req.max_tokens is not None else self.config.max_tokens
+
+    def complete(self, req: CompletionRequest, on_text=None, should_stop=None) -> Completion:
+        """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``."""
+        t0 = time.perf_counter()
+        plan = self.plan(req)
+        tokens, heal = plan.tokens, b""
+        if req.heal and plan.middle_tokens and Healer.should_heal(self.model.piece(plan.middle_tokens[-1])):
+            # Back off the middle's last token; generation must spell it out again.
+            cut = plan.middle_start + len(plan.middle_tokens) - 1
+            heal = self.model.piece(tokens[cut])
+            tokens = tokens[:cut] + tokens[cut + 1:]
+        plan_ms = (time.perf_counter() - t0) * 1e3
+        out = self.run(tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
+                       on_text=on_text, should_stop=should_stop, heal=heal)
+        out.timings.plan_ms = plan_ms
+        out.layout = plan.layout
+        out.reanchor = plan.reanchor
+        if plan.prefix_trimmed or plan.suffix_trimmed:
+            out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
+        return out
+
+    def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
+            t0: float | None = None, on_text=None, checkpoint: int | None = None,
+            should_stop=None, heal: bytes = b"") -> Completion:
+        """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV.
+
+        ``checkpoint`` is the prompt length worth saving for sliding-window models.
+        ``should_stop()`` is polled between batches and tokens; when true, Cancelled is raised.
+        ``heal`` is text backed off the prompt that the first tokens must spell out again.
+        """
+        t0 = t0 if t0 is not None else time.perf_counter()
+        prompt = np.asarray(tokens, dtype=np.int32)
+        if len(prompt) == 0:
+            raise InvalidParams("invalid params: the prompt is empty")
+        want_sparse = req.sparse if req.sparse is not None else self.config.sparse_budget > 0
+        start = self.reuse.start(prompt, path, want_sparse, cold)
+        slot = start.slot
+        max_tokens = self._max_tokens(req)
+        room = self.config.context.n_ctx_seq - len(prompt)
+        rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=req.stop_at_newline,
+                          max_lines=req.max_lines, stop_strings=self.template.stop_strings)
+        try:
+            evaluated = self.decoder.prefill(slot, prompt, start.n_common, should_stop)
+            counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
+            with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
+                ids, stream, reason, t_first = self.decoder.generate(
+                    slot, len(prompt), sampler, rules, on_text, req.ignore_eog, should_stop, heal)
+        finally:
+            self.reuse.finish(start, path, len(prompt), checkpoint, cold)
+        t2 = time.perf_counter()
+        if reason == "max_tokens" and room < max_tokens:
+            reason = "context_full"
+        counts.generated = len(ids)
+        first = t_first or t2
+        # A short reuse (under the slot manager's min_reuse) still came from the slot.
+        tier = ("slot" if start.tier == "none" else start.tier) if counts.cached else "none"
+        return Completion(
+            text=stream.text, stop_reason=reason, layout="tokens", tokens=counts,
+            timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
+            slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=ids)
+
+    # -- idle work and maintenance ---------------------------------------------------------------
+    def flush(self) -> None:
+        """Save dirty slots (call after the response was sent, or when idle)."""
+        self.reuse.flush()
+
+    def forget(self, path: str) -> None:
+        """The file changed on disk: plan it afresh on its next request."""
+        self.files.forget_session(path)
+
+    def clear_slots(self) -> None:
+        """Empty every live slot (benchmarks: start each backend cold)."""
+        for slot in self.slots.slots:
+            self.reuse._clear(slot)
+
+    # -- reporting --------------------------------------------------------------------------
+    def sparse_status(self) -> str:
+        """'off', 'on: budget 20%' or 'unavailable: <reason>' (InfiniGen sparse restore)."""
+        if self.config.sparse_budget <= 0:
+            return "off"
+        if self.sparse.reason:
+            return f"unavailable: {self.sparse.reason}"
+        return f"on: budget {self.config.sparse_budget:.0%} of states >= {self.sparse.min_tokens} tokens"
+
+    def slot_info(self) -> list[dict]:
+        return [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens)} for s in self.slots.slots]
+
+    def status(self) -> dict:
+        """What is loaded and how it is used (``efim status`` and the daemon's status)."""
+        ctx = self.config.context
+        return {
+            "model": str(self.model.path), "description": self.model.description(), **library_info(),
+            "layout": self.default_layout, "fragment_trained": self.fragment_trained,
+            "template": self.template.source, "n_slots": ctx.n_slots, "n_ctx_seq": ctx.n_ctx_seq,
+            "threads": self.ctx.n_threads, "type_k": ctx.type_k, "type_v": ctx.type_v,
+            "flash_attn": ctx.flash_attn, "offload_kqv": ctx.offload_kqv,
+            "sliding_window": self.model.n_swa, "swa_strategy": self.swa_strategy,
+            "state_restore": "whole-state checkpoints" if self.swa else "longest prefix",
+            "sparse_restore": self.sparse_status(),
+            "slots": self.slot_info(),
+            "store": self.store.stats() if self.store else None,
+        }

@@ -1,0 +1,177 @@
+"""The reuse seam: which KV a request starts from, and saving what a slot holds.
+
+A request's prompt starts from the best of: the live slot with the longest
+common token prefix, a saved state in the RAM or disk tier (restored whole or
+cut to the shared prefix), or an InfiniGen sparse restore of a long saved
+state (opt-in, approximate). Every request records one typed event
+(:class:`~efim_local.kv.events.Hit` or :class:`~efim_local.kv.events.Miss`)
+that the store counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import Unsupported
+from ..kv import Hit, Miss, StateStore, kvblob
+from .decode import Decoder
+from .files import Files
+from .slots import Slot, SlotManager
+
+RESTORE_MIN_GAIN = 32  # restore a saved state only if it saves at least this many tokens
+
+
+@dataclass
+class Start:
+    """Where a request's prompt starts: ``slot`` holds KV for ``prompt[:n_common]``."""
+
+    slot: Slot
+    n_common: int
+    tier: str  # slot | ram | disk | none
+    sparse: dict | None = None  # the sparse restore's report, or why it fell back
+    same: bool = False  # the slot already held exactly this prompt
+
+
+def content_hash(text: str | None) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest() if text else ""
+
+
+class Reuse:
+    """Owns slot choice, restores from the store and saves into it (the engine thread only)."""
+
+    def __init__(self, ctx, slots: SlotManager, decoder: Decoder, files: Files, store: StateStore | None,
+                 sparse=None, n_stream: int = 1, swa: bool = False):
+        self.ctx, self.slots, self.decoder, self.files = ctx, slots, decoder, files
+        self.store, self.sparse, self.n_stream, self.swa = store, sparse, n_stream, swa
+
+    def start(self, prompt: np.ndarray, path: str | None, want_sparse: bool, cold: bool = False) -> Start:
+        """Choose the slot for ``prompt`` and bring in the best KV for it. ``cold`` ignores all of it."""
+        slot, n_common = self.slots.pick(prompt)
+        if slot.sparse and (not want_sparse or cold):  # approximate KV never serves an exact request
+            self._clear(slot)
+            n_common = 0
+        # The same prompt again leaves the KV as it was: nothing new to save.
+        same = n_common == len(prompt) == len(slot.tokens)
+        if slot.dirty and slot.path != path:
+            self.save(slot)  # the slot is about to serve another file: keep its state
+        if cold:
+            return Start(slot, 0, "none", same=same)
+        tier = "slot" if n_common >= self.slots.min_reuse else "none"
+        if self.store is None:
+            return Start(slot, n_common, tier, same=same)
+        start = self._from_store(slot, prompt, n_common, tier, path, want_sparse)
+        start.same = same
+        return start
+
+    def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool) -> None:
+        """After decoding: keep the prompt's KV (as far as it was decoded), drop the output."""
+        slot = start.slot
+        if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
+            self._clear(slot)
+        slot.touch(path)
+        slot.dirty = (self.store is not None and len(slot.tokens) > 0 and not slot.sparse
+                      and (slot.dirty or not start.same or cold))
+        ck = checkpoint if checkpoint is not None else n_prompt - 1
+        slot.checkpoint = max(0, min(ck, n_prompt - 1, len(slot.tokens)))
+
+    def _clear(self, slot: Slot) -> None:
+        self.ctx.seq_rm(slot.seq, 0, -1)
+        slot.reset()
+
+    # -- restoring --------------------------------------------------------------------------
+    def _from_store(self, slot: Slot, prompt: np.ndarray, n_common: int, tier: str, path: str | None,
+                    want_sparse: bool) -> Start:
+        """Restore a saved state into ``slot`` if it beats what the slot holds."""
+        store = self.store
+        keep = Start(slot, n_common, tier)
+        if n_common + RESTORE_MIN_GAIN >= len(prompt):
+            store.record(Hit("slot"))
+            return keep
+        f = self.files.get(path) if path else None
+        found = store.lookup(prompt, path, content_hash=lambda: content_hash(f.text if f else None),
+                             shrunk=want_sparse and self.sparse is not None)
+        m = found.match
+        if m is None or m.n < n_common + RESTORE_MIN_GAIN:
+            store.record(Hit("slot") if tier == "slot" else Miss(found.miss_reason or "no_state"))
+            return keep
+        n = len(m.tokens) if self.swa else min(m.n, len(prompt) - 1)
+        if n >= len(prompt):  # a whole sliding-window state as long as the prompt: nothing left to decode
+            store.record(Hit("slot") if tier == "slot" else Miss("no_state"))
+            return keep
+        payload = store.load(m, n)
+        if payload is None:  # the state file was bad and has been dropped; the slot is untouched
+            store.record(Miss("corrupt"))
+            return keep
+        report = None
+        if m.kept < 1 or (want_sparse and n >= (self.sparse.min_tokens if self.sparse else 0)):
+            report = self._sparse_restore(slot, prompt, n, m, payload)
+            if "fallback" not in report:
+                store.record(Hit(m.tier, sparse=True))
+                return Start(slot, n, m.tier, report)
+            if m.kept < 1:  # a shrunk state is approximate: never restore it as if it were whole
+                keep.sparse = report
+                return keep
+        try:
+            self.ctx.set_seq_state(slot.seq, kvblob.wrap(payload, self.n_stream))
+            # Verify before decoding: the slot must hold exactly positions [0, n).
+            ok = self.ctx.seq_pos_max(slot.seq) == n - 1
+        except Exception:  # llama.cpp rejected it, or it does not parse
+            ok = False
+        if ok:
+            slot.tokens, slot.dirty = prompt[:n], False
+            store.record(Hit(m.tier))
+            return Start(slot, n, m.tier, report)
+        self._clear(slot)
+        store.drop(m.id, "corrupt")
+        store.record(Miss("corrupt"))
+        return Start(slot, 0, "none", report)
+
+    def _sparse_restore(self, slot: Slot, prompt: np.ndarray, n: int, m, payload: bytes) -> dict:
+        """InfiniGen: restore only the cells speculated to matter; {"fallback": reason} if it cannot."""
+        if self.sparse is None or self.sparse.restorer is None:
+            return {"fallback": self.sparse.reason if self.sparse and self.sparse.reason else "off"}
+        try:
+            report = self.sparse.restore(slot.seq, payload, prompt[n:], self.store.load_partial(m.id))
+        except Unsupported as e:
+            return {"fallback": e.reason}
+        except Exception:  # llama.cpp rejected the edited state: restore it fully instead
+            self.ctx.seq_rm(slot.seq, 0, -1)
+            return {"fallback": "rejected"}
+        slot.tokens, slot.dirty, slot.sparse = prompt[:n], False, True
+        self.store.note_selection(m.id, self.sparse.restorer.last_positions)
+        report["shrunk_state"] = m.kept < 1
+        return report
+
+    # -- saving -----------------------------------------------------------------------------
+    def save(self, slot: Slot) -> None:
+        """Serialize a slot into the store (RAM tier). Sliding-window models save their checkpoint."""
+        slot.dirty = False
+        if slot.sparse or self.store is None:  # a sparse slot is a subset of a state already stored
+            return
+        toks = slot.tokens
+        n = min(slot.checkpoint, len(toks)) if self.swa else len(toks)
+        if n < self.store.cfg.min_tokens:
+            return
+        if n < len(toks):
+            self.ctx.seq_rm(slot.seq, n, -1)
+            blob = self.ctx.seq_state(slot.seq)
+            slot.tokens = toks[:n]
+            self.decoder.prefill(slot, toks, n)  # put the rest back
+        else:
+            blob = self.ctx.seq_state(slot.seq)
+        f = self.files.get(slot.path) if slot.path else None
+        payload = kvblob.normalize(blob)
+        partial = self.sparse.partial_npz(payload) if self.sparse and n >= self.sparse.min_tokens else None
+        self.store.put(toks[:n], payload, slot.path or "", content_hash(f.text if f else None), partial)
+
+    def flush(self) -> None:
+        """Save dirty slots (after the response was sent, or when idle)."""
+        if self.store is None:
+            return
+        for slot in self.slots.slots:
+            if slot.dirty:
+                self.save(slot)
+        self.store.flush_counts()

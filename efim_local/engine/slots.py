@@ -1,0 +1,54 @@
+"""Slots: the llama context's sequences, and the tokens whose KV each holds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..kv.prefix import common_prefix
+
+EMPTY = np.zeros(0, np.int32)
+
+
+@dataclass
+class Slot:
+    seq: int
+    tokens: np.ndarray = field(default_factory=lambda: EMPTY)  # KV held for positions 0..len-1
+    last_used: float = 0.0
+    path: str | None = None  # the document it last served
+    dirty: bool = False  # holds KV not yet saved to the state store
+    checkpoint: int = 0  # sliding-window models: the length worth saving (the prompt's head)
+    sparse: bool = False  # holds a sparse (approximate) restore: never saved, never reused exactly
+
+    def touch(self, path: str | None) -> None:
+        self.last_used = time.monotonic()
+        self.path = path
+
+    def reset(self) -> None:
+        self.tokens, self.dirty, self.sparse = self.tokens[:0], False, False
+
+
+class SlotManager:
+    """Chooses the slot with the longest common token prefix, then the least recently used.
+
+    A match shorter than ``min_reuse`` tokens (say, just the FIM marker) is
+    not worth evicting another file's KV for: an empty or the least recently
+    used slot is taken instead.
+    """
+
+    def __init__(self, n_slots: int, min_reuse: int = 16):
+        self.slots = [Slot(seq=i) for i in range(n_slots)]
+        self.min_reuse = min_reuse
+
+    def pick(self, tokens: np.ndarray) -> tuple[Slot, int]:
+        scored = [(common_prefix(s.tokens, tokens), s) for s in self.slots]  # numpy per slot
+        n, slot = max(scored, key=lambda x: (x[0], -x[1].last_used))
+        if n < min(self.min_reuse, len(tokens)):
+            n, slot = min(scored, key=lambda x: (len(x[1].tokens) > 0, x[1].last_used))
+        return slot, n
+
+    def lru(self, exclude: set[int]) -> Slot | None:
+        cands = [s for s in self.slots if s.seq not in exclude and len(s.tokens)]
+        return min(cands, key=lambda s: s.last_used) if cands else None

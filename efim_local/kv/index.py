@@ -1,0 +1,160 @@
+"""The SQLite index of saved states (sqlite-utils, WAL mode, versioned migrations).
+
+Candidates for a prompt are found through indexed hashes of its token-prefix
+chunks (every ``CHUNK`` tokens), never by scanning every state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from pathlib import Path
+
+import numpy as np
+import sqlite_utils
+
+from ..errors import StoreError
+
+CHUNK = 64
+SCHEMA_VERSION = 4
+
+
+def chunk_hashes(tokens: np.ndarray) -> list[tuple[str, int]]:
+    """(hash, length) of every prefix of ``tokens`` whose length is a multiple of CHUNK."""
+    data = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
+    h = hashlib.blake2b(digest_size=12)
+    out = []
+    for n in range(CHUNK, len(tokens) + 1, CHUNK):  # one digest per 64 tokens
+        h.update(data[(n - CHUNK) * 4:n * 4])
+        out.append((h.copy().hexdigest(), n))
+    return out
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db["states"].create({
+        "id": str, "path": str, "content_hash": str, "model": str, "layout": str, "n_tokens": int,
+        "bytes": int, "tier": str, "created": float, "last_used": float, "hits": int,
+    }, pk="id", if_not_exists=True)
+    db["chunks"].create({"hash": str, "state_id": str, "n": int}, if_not_exists=True)
+    db["chunks"].create_index(["hash"], if_not_exists=True)
+    db["chunks"].create_index(["state_id"], if_not_exists=True)
+    db["states"].create_index(["model", "layout"], if_not_exists=True)
+    db["states"].create_index(["path"], if_not_exists=True)
+
+
+def _v2(db: sqlite_utils.Database) -> None:
+    # Counters for `efim cache stats`, and a memory of evictions for miss reasons.
+    db["counters"].create({"name": str, "value": int}, pk="name", if_not_exists=True)
+    db["evicted"].create({"path": str, "model": str, "time": float}, pk=("path", "model"), if_not_exists=True)
+
+
+def _v3(db: sqlite_utils.Database) -> None:
+    # RAM-tier rows name the process holding them, so other processes leave live ones alone.
+    db["states"].add_column("owner", int, not_null_default=0)
+
+
+def _v4(db: sqlite_utils.Database) -> None:
+    # Under disk pressure a long state may be shrunk to its most-selected cells (InfiniGen's pool):
+    # ``kept`` < 1 marks such approximate states, which only sparse restores may use.
+    db["states"].add_column("kept", float, not_null_default=1.0)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4]  # index i migrates the schema to version i + 1
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+class Index:
+    def __init__(self, path: Path):
+        # One thread at a time uses it (the engine thread), but not always the one that opened it.
+        self.db = sqlite_utils.Database(sqlite3.connect(str(path), check_same_thread=False))
+        self.db.enable_wal()
+        self.migrate()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def migrate(self) -> None:
+        v = self.version()
+        if v > SCHEMA_VERSION:
+            raise StoreError(f"state index schema {v} is newer than this efim ({SCHEMA_VERSION})")
+        for i in range(v, SCHEMA_VERSION):
+            with self.db.conn:
+                MIGRATIONS[i](self.db)
+                self.db.execute(f"PRAGMA user_version = {i + 1}")
+
+    # -- states -------------------------------------------------------------
+    def add(self, row: dict, tokens: np.ndarray) -> None:
+        with self.db.conn:
+            self.db["states"].upsert(row, pk="id")
+            self.db.execute("DELETE FROM chunks WHERE state_id = ?", [row["id"]])
+            self.db["chunks"].insert_all(({"hash": h, "state_id": row["id"], "n": n} for h, n in chunk_hashes(tokens)),
+                                         batch_size=1000)
+            self.db.execute("DELETE FROM evicted WHERE path = ? AND model = ?", [row["path"], row["model"]])
+
+    def remove(self, state_id: str, evicted: bool = False) -> None:
+        with self.db.conn:
+            if evicted:
+                row = self.get(state_id)
+                if row:
+                    self.db["evicted"].upsert({"path": row["path"], "model": row["model"], "time": time.time()},
+                                              pk=("path", "model"))
+            self.db.execute("DELETE FROM chunks WHERE state_id = ?", [state_id])
+            self.db.execute("DELETE FROM states WHERE id = ?", [state_id])
+
+    def get(self, state_id: str) -> dict | None:
+        rows = list(self.db.query("SELECT * FROM states WHERE id = ?", [state_id]))
+        return rows[0] if rows else None
+
+    def rows(self, tier: str | None = None) -> list[dict]:
+        if tier:
+            return list(self.db.query("SELECT * FROM states WHERE tier = ? ORDER BY last_used", [tier]))
+        return list(self.db.query("SELECT * FROM states ORDER BY last_used"))
+
+    def set_tier(self, state_id: str, tier: str) -> None:
+        self.db.execute("UPDATE states SET tier = ? WHERE id = ?", [tier, state_id])
+        self.db.conn.commit()
+
+    def touch(self, state_id: str) -> None:
+        self.db.execute("UPDATE states SET last_used = ?, hits = hits + 1 WHERE id = ?", [time.time(), state_id])
+        self.db.conn.commit()
+
+    def candidates(self, tokens: np.ndarray, model: str, layout: str, limit: int = 4,
+                   shrunk: bool = False) -> list[tuple[dict, int]]:
+        """States of this model whose chunk hashes match a prefix of ``tokens``, longest first;
+        shrunk (approximate) states only when ``shrunk``."""
+        hashes = chunk_hashes(tokens)
+        if not hashes:
+            return []
+        marks = ",".join("?" * len(hashes))
+        sql = f"""SELECT s.*, MAX(c.n) AS matched FROM chunks c JOIN states s ON s.id = c.state_id
+                  WHERE c.hash IN ({marks}) AND s.model = ? AND s.layout = ? AND (s.kept >= 1 OR ?)
+                  GROUP BY s.id ORDER BY matched DESC, s.last_used DESC LIMIT ?"""
+        rows = self.db.query(sql, [h for h, _ in hashes] + [model, layout, int(shrunk), limit])
+        return [(r, r.pop("matched")) for r in rows]
+
+    def by_path(self, path: str) -> list[dict]:
+        return list(self.db.query("SELECT * FROM states WHERE path = ?", [path]))
+
+    def was_evicted(self, path: str, model: str) -> bool:
+        return bool(list(self.db.query("SELECT 1 FROM evicted WHERE path = ? AND model = ?", [path, model])))
+
+    # -- counters -------------------------------------------------------------
+    def bump(self, counts: dict[str, int]) -> None:
+        if not counts:
+            return
+        with self.db.conn:
+            for name, n in counts.items():
+                self.db.execute("INSERT INTO counters(name, value) VALUES(?, ?) "
+                                "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", [name, n])
+
+    def counters(self) -> dict[str, int]:
+        return {r["name"]: r["value"] for r in self.db.query("SELECT * FROM counters ORDER BY name")}
+
+    def clear(self) -> None:
+        with self.db.conn:
+            for t in ("states", "chunks", "evicted", "counters"):
+                self.db.execute(f"DELETE FROM {t}")

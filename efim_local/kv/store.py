@@ -1,0 +1,448 @@
+"""StateStore: saved KV states in host RAM and on disk, under MB budgets.
+
+Tiers: live slots (the engine's) → RAM (normalized ``llama_state_seq_get_data``
+bytes) → disk (state files) → deleted. Eviction moves a state one tier down,
+least valuable first (recency, hits, length). Budgets hold at all times: a
+state enters a tier only after room was made for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .events import MISS_REASONS, Event, counter_names
+from .prefix import common_prefix
+from . import kvblob, stateformat
+from .index import Index
+from ..errors import StateFileError
+
+log = logging.getLogger("efim.store")
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    dir: Path
+    ram_mb: float = 512.0
+    disk_mb: float = 4096.0
+    min_tokens: int = 64  # shorter states are not worth saving
+    # Disk pressure: a state of at least shrink_min_tokens with partial keys is first shrunk to
+    # this fraction of its cells (the most often selected ones) before it is evicted. 0: off.
+    shrink_to: float = 0.0
+    shrink_min_tokens: int = 4096
+
+
+@dataclass
+class Entry:
+    """A state in the RAM tier."""
+
+    id: str
+    tokens: np.ndarray
+    payload: bytes  # normalized sequence state
+    path: str
+    content_hash: str
+    created: float
+    last_used: float
+    hits: int = 0
+    partial: bytes | None = None  # InfiniGen partial keys (npz), kept beside the state
+
+
+@dataclass
+class Match:
+    id: str
+    n: int  # tokens usable from this state
+    tier: str  # "ram" | "disk"
+    tokens: np.ndarray  # all of the state's tokens
+    kept: float = 1.0  # < 1: a shrunk, approximate state (sparse restores only)
+
+
+@dataclass
+class Lookup:
+    match: Match | None
+    miss_reason: str | None = None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tmp_owner(p: Path) -> int:
+    """The pid in a temp file name ``<id>.kv.<pid>.tmp``."""
+    try:
+        return int(p.name.rsplit(".", 2)[-2])
+    except (ValueError, IndexError):
+        return 0
+
+
+def _value(last_used: float, hits: int, n_tokens: int) -> float:
+    """Eviction order: older, less hit, shorter states go first."""
+    return last_used + 300 * math.log2(1 + hits) + 60 * math.log2(1 + n_tokens / 1024)
+
+
+@dataclass
+class StateStore:
+    cfg: StoreConfig
+    model: bytes  # model fingerprint
+    layout: bytes  # layout key
+    layout_params: dict
+    whole_state_only: bool = False  # sliding-window models: restore whole states, never truncate
+    ram: dict[str, Entry] = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
+    shrink: object = None  # callable(payload, partial, selected) -> (payload, partial) | None
+    selected: dict = field(default_factory=dict)  # state id -> times selected, indexed by position
+
+    def __post_init__(self):
+        self.dir = Path(self.cfg.dir)
+        self.files = self.dir / "states"
+        for d in (self.dir, self.files):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(d, 0o700)
+        self.index = Index(self.dir / "index.db")
+        self._model_hex, self._layout_hex = self.model.hex(), self.layout.hex()
+        self._drop_stale_ram_rows()
+        for tmp in self.files.glob("*.tmp"):
+            if not _alive(_tmp_owner(tmp)):
+                tmp.unlink(missing_ok=True)  # a save that was interrupted
+
+    def close(self) -> None:
+        self.flush_counts()
+        self.index.close()
+
+    def __enter__(self) -> "StateStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _drop_stale_ram_rows(self) -> int:
+        """Forget RAM-tier rows of processes that are gone (or of this one, but not in RAM)."""
+        n = 0
+        for row in self.index.rows("ram"):
+            mine = row["owner"] == os.getpid()
+            if (mine and row["id"] not in self.ram) or (not mine and not _alive(row["owner"])):
+                self.index.remove(row["id"])
+                n += 1
+        return n
+
+    # -- sizes --------------------------------------------------------------
+    def ram_bytes(self) -> int:
+        return sum(len(e.payload) + e.tokens.nbytes for e in self.ram.values())
+
+    def disk_bytes(self) -> int:
+        return sum(r["bytes"] for r in self.index.rows("disk"))
+
+    def partial_of(self, state_id: str) -> Path:
+        """The partial-keys sidecar beside a state file (InfiniGen)."""
+        return self.files / f"{state_id}.pk"
+
+    def _unlink(self, state_id: str) -> None:
+        self.file_of(state_id).unlink(missing_ok=True)
+        self.partial_of(state_id).unlink(missing_ok=True)
+
+    def load_partial(self, state_id: str, max_bytes: int = 1 << 30) -> bytes | None:
+        """The state's saved partial keys, or None (the caller computes them)."""
+        e = self.ram.get(state_id)
+        if e is not None:
+            return e.partial
+        p = self.partial_of(state_id)
+        try:
+            if p.stat().st_size > max_bytes:
+                return None
+            return p.read_bytes()
+        except OSError:
+            return None
+
+    def file_of(self, state_id: str) -> Path:
+        return self.files / f"{state_id}.kv"
+
+    def state_id(self, tokens: np.ndarray) -> str:
+        h = hashlib.sha256(self.model + self.layout)
+        h.update(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+        return h.hexdigest()[:32]  # file names come from hashes, never from paths
+
+    # -- lookup and load ------------------------------------------------------
+    def lookup(self, tokens: np.ndarray, path: str | None = None, content_hash=None,
+               shrunk: bool = False) -> Lookup:
+        """The saved state sharing the longest usable token prefix with ``tokens``
+        (shrunk, approximate states too when ``shrunk``). ``content_hash()`` gives the document's
+        content hash, asked for only on a miss (to tell ``tokenization_differs``)."""
+        best: Match | None = None
+        saw_corrupt = False
+        for row, _ in self.index.candidates(tokens, self._model_hex, self._layout_hex, shrunk=shrunk):
+            st = self._tokens_of(row)
+            if st is None:
+                saw_corrupt = True
+                continue
+            n = common_prefix(st, tokens)
+            if (self.whole_state_only or row["kept"] < 1) and n < len(st):
+                continue  # a sliding-window or shrunk state cannot be cut
+            if best is None or n > best.n:
+                best = Match(row["id"], n, row["tier"], st, row["kept"])
+        if best is not None:
+            return Lookup(best)
+        return Lookup(None, "corrupt" if saw_corrupt else self._miss_reason(path, content_hash))
+
+    def _miss_reason(self, path: str | None, content_hash) -> str:
+        if path is None:
+            return "no_state"
+        rows = self.index.by_path(path)
+        if any(r["model"] != self._model_hex for r in rows):
+            return "model_changed"
+        h = content_hash() if callable(content_hash) else content_hash
+        if h and any(r["content_hash"] == h and r["model"] == self._model_hex for r in rows):
+            return "tokenization_differs"
+        if self.index.was_evicted(path, self._model_hex):
+            return "evicted"
+        return "no_state"
+
+    def _tokens_of(self, row: dict) -> np.ndarray | None:
+        e = self.ram.get(row["id"])
+        if e is not None:
+            return e.tokens
+        if row["tier"] != "disk":
+            self.index.remove(row["id"])
+            return None
+        try:
+            _, toks = stateformat.read_tokens(self.file_of(row["id"]), self.model, self.layout)
+            return toks
+        except (StateFileError, OSError) as e:
+            self._drop_bad(row["id"], e)
+            return None
+
+    def load(self, match: Match, n_tokens: int) -> bytes | None:
+        """The normalized state for ``match``, cut to ``n_tokens`` when allowed; None if unusable."""
+        e = self.ram.get(match.id)
+        if e is not None:
+            payload, toks = e.payload, e.tokens
+            e.last_used, e.hits = time.time(), e.hits + 1
+        else:
+            try:
+                _, toks, payload = stateformat.read(self.file_of(match.id), self.model, self.layout)
+            except (StateFileError, OSError) as err:
+                self._drop_bad(match.id, err)
+                return None
+        if not np.array_equal(toks, match.tokens):
+            self._drop_bad(match.id, StateFileError("corrupt", "state changed under us"))
+            return None
+        self.index.touch(match.id)
+        if n_tokens < len(toks):
+            if self.whole_state_only:
+                return None
+            payload = kvblob.truncate(payload, n_tokens)
+        return payload
+
+    def drop(self, state_id: str, reason: str = "corrupt") -> None:
+        """Delete a state that turned out unusable (llama.cpp rejected it): never restore it again."""
+        self._drop_bad(state_id, StateFileError(reason, "rejected on restore"))
+
+    def _drop_bad(self, state_id: str, err: Exception) -> None:
+        log.warning("dropping state %s: %s", state_id[:12], err)
+        self.counts["dropped_" + getattr(err, "reason", "corrupt")] += 1
+        self.ram.pop(state_id, None)
+        self._unlink(state_id)
+        self.index.remove(state_id)
+
+    # -- saving ---------------------------------------------------------------
+    def put(self, tokens: np.ndarray, payload: bytes, path: str, content_hash: str = "",
+            partial: bytes | None = None) -> str | None:
+        """Add a state to the RAM tier (spilling others down); replaces older states of ``path``.
+        ``partial``: its InfiniGen partial keys, saved beside it."""
+        if len(tokens) < self.cfg.min_tokens:
+            return None
+        sid = self.state_id(tokens)
+        row = self.index.get(sid)
+        if row is not None and row["kept"] >= 1 and (sid in self.ram or self.file_of(sid).exists()):
+            self.index.touch(sid)  # already saved: same model, layout and tokens
+            return sid
+        for row in self.index.by_path(path):
+            if row["id"] != sid and row["model"] == self._model_hex:
+                self._delete(row["id"])
+        now = time.time()
+        entry = Entry(sid, np.array(tokens, dtype=np.int32), payload, path, content_hash, now, now, partial=partial)
+        size = len(payload) + entry.tokens.nbytes
+        if size > self.cfg.ram_mb * MB:
+            self._write_disk(entry)  # too big for RAM: straight to disk
+            return sid
+        old = self.index.get(sid)
+        if old:
+            entry.hits, entry.created = old["hits"], old["created"]
+        self._delete(sid, keep_index=True)
+        self._make_room_ram(size)
+        self.ram[sid] = entry
+        self.index.add(self._row(entry, "ram", size), entry.tokens)
+        return sid
+
+    def note_selection(self, state_id: str, positions: np.ndarray) -> None:
+        """Count which cells a sparse restore chose, per position (in memory: no disk write on the
+        request path)."""
+        if len(positions) == 0:
+            return
+        c = self.selected.get(state_id, np.zeros(0, np.int32))
+        top = int(positions.max()) + 1
+        if len(c) < top:
+            c = self.selected[state_id] = np.concatenate([c, np.zeros(top - len(c), np.int32)])
+        c[positions] += 1
+
+    def _row(self, e: Entry, tier: str, size: int) -> dict:
+        return {"id": e.id, "path": e.path, "content_hash": e.content_hash, "model": self._model_hex,
+                "layout": self._layout_hex, "n_tokens": len(e.tokens), "bytes": size, "tier": tier,
+                "created": e.created, "last_used": e.last_used, "hits": e.hits,
+                "owner": os.getpid() if tier == "ram" else 0, "kept": 1.0}
+
+    def _make_room_ram(self, size: int) -> None:
+        budget = self.cfg.ram_mb * MB
+        used = self.ram_bytes()
+        for e in sorted(self.ram.values(), key=lambda e: _value(e.last_used, e.hits, len(e.tokens))):
+            if used + size <= budget:
+                break
+            used -= len(e.payload) + e.tokens.nbytes
+            del self.ram[e.id]
+            self._write_disk(e)  # one tier down
+
+    def _write_disk(self, e: Entry) -> None:
+        size = stateformat.encoded_size(e.tokens, e.payload, self.layout_params)
+        if size > self.cfg.disk_mb * MB:
+            self.index.remove(e.id, evicted=True)
+            return
+        self._make_room_disk(size)
+        stateformat.write(self.file_of(e.id), e.tokens, e.payload, self.model, self.layout, self.layout_params)
+        if e.partial:
+            stateformat.write_private(self.partial_of(e.id), e.partial)
+        self.index.add(self._row(e, "disk", size), e.tokens)
+
+    def _make_room_disk(self, size: int) -> None:
+        budget = self.cfg.disk_mb * MB
+        rows = self.index.rows("disk")
+        used = sum(r["bytes"] for r in rows)
+        for r in sorted(rows, key=lambda r: _value(r["last_used"], r["hits"], r["n_tokens"])):
+            if used + size <= budget:
+                break
+            if r["kept"] >= 1 and self._shrink(r):  # keep its partial form instead
+                new = self.index.get(r["id"])
+                used -= r["bytes"] - new["bytes"]
+                if used + size <= budget:
+                    break
+                r = new
+            used -= r["bytes"]
+            self._unlink(r["id"])
+            self.index.remove(r["id"], evicted=True)
+            self.counts["evicted_disk"] += 1
+
+    def _shrink(self, row: dict) -> bool:
+        """Rewrite a long disk state with only its most-selected cells; False if it does not apply."""
+        if (not self.cfg.shrink_to or self.shrink is None or row["n_tokens"] < self.cfg.shrink_min_tokens
+                or not self.partial_of(row["id"]).exists()):
+            return False
+        try:
+            _, toks, payload = stateformat.read(self.file_of(row["id"]), self.model, self.layout)
+        except (StateFileError, OSError):
+            return False
+        out = self.shrink(payload, self.load_partial(row["id"]), self.selected.get(row["id"]))
+        if out is None:
+            return False
+        payload, partial = out
+        self._unlink(row["id"])
+        size = stateformat.write(self.file_of(row["id"]), toks, payload, self.model, self.layout, self.layout_params)
+        if partial:
+            stateformat.write_private(self.partial_of(row["id"]), partial)
+        self.index.add({**row, "bytes": size, "kept": self.cfg.shrink_to}, toks)
+        self.counts["shrunk_disk"] += 1
+        return True
+
+    def _delete(self, state_id: str, keep_index: bool = False) -> None:
+        self.ram.pop(state_id, None)
+        self._unlink(state_id)
+        if not keep_index:
+            self.index.remove(state_id)
+
+    def spill(self) -> int:
+        """Write every RAM state to disk (before the process exits). Returns how many."""
+        n = 0
+        for e in list(self.ram.values()):
+            del self.ram[e.id]
+            self._write_disk(e)
+            n += 1
+        return n
+
+    # -- maintenance ----------------------------------------------------------
+    def gc(self) -> dict:
+        """Reconcile index and files in both directions, then enforce the budgets."""
+        rows = {r["id"]: r for r in self.index.rows()}
+        files = {p.stem: p for p in self.files.glob("*.kv")}
+        out = Counter()
+        for sid, r in rows.items():
+            if r["tier"] == "disk" and sid not in files:
+                self.index.remove(sid)
+                out["rows_without_file"] += 1
+        out["stale_ram_rows"] = self._drop_stale_ram_rows()
+        for sid, p in files.items():
+            r = rows.get(sid)
+            if r is None or r["tier"] != "disk":
+                p.unlink(missing_ok=True)
+                out["files_without_row"] += 1
+        for p in self.files.glob("*.pk"):
+            if p.stem not in files or p.stem not in rows:
+                p.unlink(missing_ok=True)
+                out["files_without_row"] += 1
+        for p in self.files.glob("*.tmp"):
+            if not _alive(_tmp_owner(p)):
+                p.unlink(missing_ok=True)
+                out["temp_files"] += 1
+        self._make_room_disk(0)
+        self._make_room_ram(0)
+        return {k: out[k] for k in ("rows_without_file", "files_without_row", "stale_ram_rows", "temp_files")}
+
+    def clear(self) -> None:
+        self.ram.clear()
+        for p in self.files.iterdir():
+            p.unlink(missing_ok=True)
+        self.index.clear()
+
+    @classmethod
+    def admin(cls, cfg: StoreConfig) -> "StateStore":
+        """A store opened without a model, for listing and maintenance."""
+        return cls(cfg, model=b"", layout=b"", layout_params={})
+
+    def record(self, event: Event) -> None:
+        """Count a hit or miss event (in memory; written to the index when idle)."""
+        for name in counter_names(event):
+            self.counts[name] += 1
+
+    def flush_counts(self) -> None:
+        self.index.bump(dict(self.counts))
+        self.counts.clear()
+
+    def stats(self) -> dict:
+        self.flush_counts()
+        rows = self.index.rows()
+        tiers = {t: {"states": sum(r["tier"] == t for r in rows), "bytes": sum(r["bytes"] for r in rows if r["tier"] == t)}
+                 for t in ("ram", "disk")}
+        tiers["ram"]["budget_bytes"] = int(self.cfg.ram_mb * MB)
+        tiers["disk"]["budget_bytes"] = int(self.cfg.disk_mb * MB)
+        c = self.index.counters()
+        return {
+            "dir": str(self.dir), "tiers": tiers,
+            "hits": {t: c.get(f"hit_{t}", 0) for t in ("slot", "ram", "disk")},
+            "misses": {r: c.get(f"miss_{r}", 0) for r in MISS_REASONS},
+            "sparse_restores": c.get("sparse_restores", 0),
+            "dropped": {k[len("dropped_"):]: v for k, v in c.items() if k.startswith("dropped_")},
+            "evicted_disk": c.get("evicted_disk", 0),
+            "shrunk_disk": c.get("shrunk_disk", 0),
+        }

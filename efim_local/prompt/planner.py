@@ -1,0 +1,210 @@
+"""EFIM planner: turns (document, cursor, session) into a token plan.
+
+Pure Python, no llama.cpp import: the tokenizer is passed in as a callable.
+
+A plan has three text pieces, each tokenized on its own so that the cached
+token prefix stays stable from one keystroke to the next:
+
+- ``prefix``: the document up to the *anchor* (a line start),
+- ``middle``: the text typed since the anchor, up to the cursor,
+- ``suffix``: the document after the cursor.
+
+Layout ``efim`` puts the middle after the middle marker, where appending to
+it invalidates nothing; layout ``fim`` puts it at the end of the prefix, as
+standard FIM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..errors import PlanError
+
+Tokenize = Callable[[str], list[int]]
+
+# Re-anchor reason codes (reported to clients, so keep them stable).
+NEW_SESSION = "new_session"
+EDIT_BEFORE_ANCHOR = "edit_before_anchor"
+CURSOR_BEFORE_ANCHOR = "cursor_before_anchor"
+SUFFIX_CHANGED = "suffix_changed"
+MIDDLE_TOO_LONG = "middle_too_long"
+CONTEXT_OVERFLOW = "context_overflow"
+LAYOUT_CHANGED = "layout_changed"
+
+LAYOUTS = ("efim", "fim")
+
+
+@dataclass(frozen=True)
+class Markers:
+    """Token ids of the FIM markers, as lists (a text-marker template may need several tokens)."""
+
+    pre: tuple[int, ...]
+    suf: tuple[int, ...]
+    mid: tuple[int, ...]
+    order: str = "psm"  # "psm": PRE prefix SUF suffix MID; "spm": SUF suffix PRE prefix MID
+    bos: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Where the cached prefix ends, with the tokens of the three pieces cached."""
+
+    offset: int  # character offset of the anchor in the document
+    prefix_text: str
+    prefix_tokens: tuple[int, ...]
+    suffix_text: str
+    suffix_tokens: tuple[int, ...]
+    prefix_trimmed: int = 0  # tokens dropped from the prefix's start
+    suffix_trimmed: int = 0  # tokens dropped from the suffix's end
+
+
+@dataclass
+class FileSession:
+    """Per-file planning state: the current anchor and layout."""
+
+    anchor: Anchor | None = None
+    layout: str = "efim"
+    reanchors: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    tokens: tuple[int, ...]
+    layout: str
+    prefix_tokens: tuple[int, ...]
+    middle_tokens: tuple[int, ...]
+    suffix_tokens: tuple[int, ...]
+    middle_text: str
+    reanchor: str | None  # reason code, None when the anchor was kept
+    middle_start: int = 0  # index in ``tokens`` where the middle begins: all before it is stable
+    prefix_trimmed: int = 0
+    suffix_trimmed: int = 0
+
+
+@dataclass(frozen=True)
+class PlannerLimits:
+    n_ctx: int = 4096  # tokens per slot
+    max_middle_tokens: int = 96  # re-anchor when the middle grows past this
+    reserve_tokens: int = 128  # room kept for the output
+
+
+
+
+def line_start(text: str, offset: int) -> int:
+    """Offset of the start of the line holding ``offset``."""
+    return text.rfind("\n", 0, offset) + 1
+
+
+@dataclass
+class Planner:
+    """Builds token plans; see the module docstring."""
+
+    tokenize: Tokenize
+    markers: Markers
+    limits: PlannerLimits = field(default_factory=PlannerLimits)
+
+    def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None,
+             reserve: int | None = None) -> Plan:
+        """Plan a request; ``reserve`` is the room kept for output (default: the limits')."""
+        reserve = self.limits.reserve_tokens if reserve is None else reserve
+        if not 0 <= cursor <= len(text):
+            raise PlanError(f"cursor {cursor} is outside the document (0..{len(text)})")
+        layout = layout or session.layout
+        if layout not in LAYOUTS:
+            raise PlanError(f"unknown layout {layout!r} (expected one of {', '.join(LAYOUTS)})")
+
+        reason = self._keep_or_reason(session, text, cursor, layout)
+        if reason is None:
+            anchor = session.anchor
+            middle_text = text[anchor.offset:cursor]
+            middle = tuple(self.tokenize(middle_text))
+            if len(middle) > self.limits.max_middle_tokens:
+                reason = MIDDLE_TOO_LONG
+            elif self._total(anchor.prefix_tokens, anchor.suffix_tokens, middle, reserve) > self.limits.n_ctx:
+                reason = CONTEXT_OVERFLOW
+        if reason is not None:
+            anchor = self._anchor(text, cursor, reserve)
+            session.anchor = anchor
+            session.reanchors += 1
+            middle_text = text[anchor.offset:cursor]
+            middle = tuple(self.tokenize(middle_text))
+        session.layout = layout
+        tokens = self.assemble(layout, anchor.prefix_tokens, middle, anchor.suffix_tokens)
+        m = self.markers
+        if layout == "efim":
+            middle_start = len(tokens) - len(middle)
+        elif m.order == "spm":
+            middle_start = len(m.bos) + len(m.suf) + len(anchor.suffix_tokens) + len(m.pre) + len(anchor.prefix_tokens)
+        else:
+            middle_start = len(m.bos) + len(m.pre) + len(anchor.prefix_tokens)
+        return Plan(
+            tokens=tokens,
+            middle_start=middle_start,
+            layout=layout,
+            prefix_tokens=anchor.prefix_tokens,
+            middle_tokens=middle,
+            suffix_tokens=anchor.suffix_tokens,
+            middle_text=middle_text,
+            reanchor=reason,
+            prefix_trimmed=anchor.prefix_trimmed,
+            suffix_trimmed=anchor.suffix_trimmed,
+        )
+
+    def assemble(self, layout: str, prefix: Sequence[int], middle: Sequence[int], suffix: Sequence[int]) -> tuple[int, ...]:
+        """The layout's token sequence from separately tokenized pieces."""
+        m = self.markers
+        head = (*m.bos, *m.pre, *prefix)
+        if layout == "fim":
+            head = (*head, *middle)
+            tail: tuple[int, ...] = ()
+        else:
+            tail = tuple(middle)
+        if m.order == "spm":
+            return (*m.bos, *m.suf, *suffix, *head[len(m.bos):], *m.mid, *tail)
+        return (*head, *m.suf, *suffix, *m.mid, *tail)
+
+    def _total(self, prefix: Sequence[int], suffix: Sequence[int], middle: Sequence[int], reserve: int) -> int:
+        m = self.markers
+        fixed = len(m.bos) + len(m.pre) + len(m.suf) + len(m.mid)
+        return fixed + len(prefix) + len(suffix) + len(middle) + reserve
+
+    @staticmethod
+    def _keep_or_reason(session: FileSession, text: str, cursor: int, layout: str) -> str | None:
+        a = session.anchor
+        if a is None:
+            return NEW_SESSION
+        if layout != session.layout:
+            return LAYOUT_CHANGED
+        if cursor < a.offset:
+            return CURSOR_BEFORE_ANCHOR
+        # Plain string comparisons run at memcmp speed; no re-tokenizing here.
+        if not text.startswith(a.prefix_text):
+            return EDIT_BEFORE_ANCHOR
+        if len(text) - cursor != len(a.suffix_text) or not text.endswith(a.suffix_text):
+            return SUFFIX_CHANGED
+        return None
+
+    def _anchor(self, text: str, cursor: int, reserve: int) -> Anchor:
+        offset = line_start(text, cursor)
+        middle = self.tokenize(text[offset:cursor])
+        if len(middle) > self.limits.max_middle_tokens:
+            offset = cursor  # a very long line: anchor at the cursor itself
+            middle = []
+        prefix_text, suffix_text = text[:offset], text[cursor:]
+        prefix = self.tokenize(prefix_text)
+        suffix = self.tokenize(suffix_text)
+        # Leave room for the middle to grow to its limit before re-anchoring.
+        room = min(self.limits.max_middle_tokens, self.limits.n_ctx // 4)
+        budget = self.limits.n_ctx - self._total((), (), (), reserve) - room
+        if budget < 16:
+            raise PlanError(f"context of {self.limits.n_ctx} tokens is too small for this request")
+        over = len(prefix) + len(suffix) - budget
+        p_cut = s_cut = 0
+        if over > 0:
+            # Nearby context matters most: keep up to 3/4 of the budget for the prefix.
+            keep_suffix = min(len(suffix), max(budget // 4, budget - len(prefix)))
+            keep_prefix = budget - keep_suffix
+            p_cut, s_cut = len(prefix) - keep_prefix, len(suffix) - keep_suffix
+            prefix, suffix = prefix[p_cut:], suffix[:len(suffix) - s_cut]
+        return Anchor(offset, prefix_text, tuple(prefix), suffix_text, tuple(suffix), p_cut, s_cut)
