@@ -28,6 +28,7 @@ class EfimError(Exception):
 
     code = INTERNAL_ERROR
     exit_code = 1
+    request_id: Any = None  # a malformed frame's id, when one could be read (to address the reply)
 
     def __init__(self, message: str = "", data: Any = None):
         super().__init__(message)

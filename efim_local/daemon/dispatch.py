@@ -36,10 +36,8 @@ class Dispatcher:
             return
         try:
             msg = parse(line)
-        except EfimError as e:
-            rid = e.data.get("id") if isinstance(e.data, dict) else None
-            e.data = None
-            conn.send(error(rid, e))
+        except EfimError as bad:
+            conn.send(error(bad.request_id, bad))
             return
         try:
             handler = self.methods.get(msg.method)

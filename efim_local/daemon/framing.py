@@ -30,27 +30,31 @@ def valid_id(v) -> bool:
         isinstance(v, str) and len(v) <= MAX_ID_LEN)
 
 
+def _bad(err: EfimError, rid: Any = None) -> EfimError:
+    err.request_id = rid  # the id to answer to, when one could be read (never put on the wire)
+    return err
+
+
 def parse(line: bytes) -> Message:
-    """Parse one frame; raises an EfimError whose ``data`` holds {"id": ...} when one could be read."""
+    """Parse one frame; raises an EfimError whose ``request_id`` is the frame's id, if readable."""
     try:
         obj = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ParseError("parse error: not a UTF-8 JSON object") from None
+        raise _bad(ParseError("parse error: not a UTF-8 JSON object")) from None
     if not isinstance(obj, dict):
-        raise InvalidRequest("invalid request: expected a JSON object")
+        raise _bad(InvalidRequest("invalid request: expected a JSON object"))
     has_id = "id" in obj
     rid = obj.get("id")
     if has_id and not valid_id(rid):
-        raise InvalidRequest("invalid request: id must be an integer or a short string")
-    data = {"id": rid} if has_id else None
+        raise _bad(InvalidRequest("invalid request: id must be an integer or a short string"))
     if obj.get("jsonrpc") != "2.0":
-        raise InvalidRequest('invalid request: "jsonrpc" must be "2.0"', data)
+        raise _bad(InvalidRequest('invalid request: "jsonrpc" must be "2.0"'), rid)
     method = obj.get("method")
     if not isinstance(method, str) or not method:
-        raise InvalidRequest('invalid request: "method" must be a non-empty string', data)
+        raise _bad(InvalidRequest('invalid request: "method" must be a non-empty string'), rid)
     params = obj.get("params", {})
     if not isinstance(params, dict):
-        raise InvalidParams('invalid params: "params" must be an object', data)
+        raise _bad(InvalidParams('invalid params: "params" must be an object'), rid)
     return Message(method, params, rid, not has_id)
 
 
