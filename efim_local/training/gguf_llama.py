@@ -94,10 +94,32 @@ def write(path: str | Path, cfg: LlamaConfig, tensors: dict[str, np.ndarray], vo
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
+    write_vocab(w, vocab)
+    w.add_bool(KEY_FRAGMENT, fragment_trained)
+    if layout:
+        w.add_string(KEY_LAYOUT, layout)
+
+    for k in shapes:
+        w.add_tensor(k, np.ascontiguousarray(tensors[k], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(path)
+    return path
+
+
+def write_vocab(w, vocab: BpeVocab, unused_from: int | None = None) -> None:
+    """The tokenizer metadata of a byte-level BPE vocabulary, with its EOT and FIM token ids.
+    Tokens from ``unused_from`` on are padding (type UNUSED)."""
+    import gguf
+
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(vocab.pre)
     w.add_token_list(vocab.tokens)
     types = [gguf.TokenType.CONTROL if t in vocab.special else gguf.TokenType.NORMAL for t in vocab.tokens]
+    if unused_from is not None:
+        types[unused_from:] = [gguf.TokenType.UNUSED] * (len(types) - unused_from)
     w.add_token_types(types)
     w.add_token_merges(vocab.merges)
     sp = vocab.special
@@ -111,15 +133,3 @@ def write(path: str | Path, cfg: LlamaConfig, tensors: dict[str, np.ndarray], vo
                      (gguf.Keys.Tokenizer.FIM_SEP_ID, FILE_SEP)):
         if tok in sp:
             w.add_uint32(key, sp[tok])
-    w.add_bool(KEY_FRAGMENT, fragment_trained)
-    if layout:
-        w.add_string(KEY_LAYOUT, layout)
-
-    for k in shapes:
-        w.add_tensor(k, np.ascontiguousarray(tensors[k], dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(path)
-    return path
