@@ -62,6 +62,8 @@ def cache_stats(as_json):
         click.echo(f"{t:5} {v['states']:5} states  {v['bytes'] / 1e6:9.2f} / {v['budget_bytes'] / 1e6:.0f} MB")
     click.echo("hits    " + pairs(st["hits"]))
     click.echo("misses  " + pairs(st["misses"]))
+    click.echo(f"sparse  restores={st['sparse_restores']}  shrunk_disk={st['shrunk_disk']}  "
+               f"evicted_disk={st['evicted_disk']}")
     if st["dropped"]:
         click.echo("dropped " + pairs(st["dropped"]))
 

@@ -201,6 +201,7 @@ def daemon_status(as_json):
         hits, misses = st["store"]["hits"], st["store"]["misses"]
         click.echo("hits         " + pairs(hits))
         click.echo("misses       " + pairs(misses))
+        click.echo(f"sparse       {st['sparse_restore']}, {st['store']['sparse_restores']} restores")
 
 
 @daemon.command("restart")
