@@ -47,6 +47,10 @@ class Config:
     fim_order: str | None = None  # "psm" | "spm"; None: the template's own
     max_tokens: int = 64
     max_middle_tokens: int = 256  # re-anchor (and recompute the suffix) past this
+    # Latency budget: a prompt whose new tokens would take longer than this to prefill (measured
+    # online) is reduced to the context nearest the cursor; idle time grows it back. 0: off.
+    max_prompt_ms: float = 0.0
+    idle_chunk_tokens: int = 64  # idle prefill yields to a request between chunks of this size
     context: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     main_gpu: int = 0

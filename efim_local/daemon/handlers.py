@@ -28,7 +28,7 @@ class Handlers:
 
     def table(self) -> dict:
         return {"complete": self.complete, "didOpen": self.did_open, "didChange": self.did_change,
-                "didClose": self.did_close, "cancel": self.cancel, "status": self.status,
+                "didClose": self.did_close, "cursor": self.cursor, "cancel": self.cancel, "status": self.status,
                 "shutdown": self.shutdown}
 
     def complete(self, conn: Connection, msg: Message):
@@ -64,6 +64,17 @@ class Handlers:
     def did_close(self, conn, msg):
         self.documents.close(msg.params)
         return None
+
+    def cursor(self, conn, msg):
+        """The cursor settled in an open document: prefill the plan anchored there, when idle."""
+        p = msg.params
+        path = path_param(p)
+        with self.engine.files.lock:
+            f = self.documents.get(path)
+            cursor = param(p, "offset", int, lo=0, hi=len(f.text)) if "offset" in p else position(p, "position", f.text)
+            f.cursor = cursor
+        self.warm_later(path)
+        return {"path": path, "offset": cursor}
 
     def cancel(self, conn, msg):
         rid = msg.params.get("id")
@@ -102,6 +113,6 @@ class Handlers:
                 except Exception:  # noqa: BLE001 - gone, unreadable: nothing to warm
                     return
             cursor = len(text) if cursor is None else min(cursor, len(text))
-            engine.complete(CompletionRequest(text, cursor, path=path, max_tokens=0), should_stop=should_stop)
+            engine.prefill(path, text, cursor, should_stop)
 
         self.worker.add_idle(warm)

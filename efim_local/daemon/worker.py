@@ -144,7 +144,7 @@ class Worker(threading.Thread):
                     self.running = None
                 save_at = time.monotonic() + SAVE_DELAY
             elif idle is not None:
-                self._quietly(lambda: idle(self.engine, self._busy))
+                self._quietly(lambda: idle(self.engine, self._busy))  # noqa: B023 - called at once
             else:
                 save_at = None
                 self._quietly(self.engine.flush)  # a pause in typing: keep the states
@@ -179,6 +179,9 @@ class Worker(threading.Thread):
             out = self.engine.complete(job.request, on_text=on_text, should_stop=job.cancelled.is_set)
             self.served += 1
             conn.send(reply(rid, out.to_json()))
+            if out.context.get("reduced"):  # the budget cut the context: grow it back while idle
+                path = job.request.path
+                self.add_idle(lambda engine, should_stop: engine.grow(path, should_stop))
         except Exception as e:  # noqa: BLE001 - never a traceback to the client
             if not isinstance(e, EfimError):
                 self.errors += 1

@@ -28,11 +28,13 @@ class Decoder:
             self._healer = Healer([self.model.piece(t) for t in range(self.model.n_vocab)])
         return self._healer
 
-    def prefill(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None) -> int:
+    def prefill(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None,
+                chunk: int | None = None) -> int:
         """Make ``slot`` hold KV for prompt[:-1] plus logits for the last token; returns tokens evaluated.
 
-        ``should_stop()`` is polled between batches; when true, Cancelled is raised and the slot
-        keeps what was decoded so far."""
+        ``should_stop()`` is polled between batches of at most ``chunk`` tokens (default: the batch
+        size); when true, Cancelled is raised and the slot keeps what was decoded so far."""
+        step = min(chunk or self.batch.capacity, self.batch.capacity)
         n_common = min(n_common, len(prompt) - 1)  # the last token is decoded to get logits
         if not self.ctx.seq_rm(slot.seq, n_common, -1):
             self.ctx.seq_rm(slot.seq, 0, -1)  # cannot truncate here: recompute from scratch
@@ -42,13 +44,13 @@ class Decoder:
         while pos < len(prompt):
             if should_stop is not None and should_stop():
                 raise Cancelled()
-            chunk = prompt[pos:pos + self.batch.capacity]
+            part = prompt[pos:pos + step]
             self.batch.clear()
-            self.batch.extend(chunk, pos, slot.seq)
-            if pos + len(chunk) == len(prompt):
-                self.batch.raw.logits[len(chunk) - 1] = True
+            self.batch.extend(part, pos, slot.seq)
+            if pos + len(part) == len(prompt):
+                self.batch.raw.logits[len(part) - 1] = True
             self.decode(slot)
-            pos += len(chunk)
+            pos += len(part)
             slot.tokens = prompt[:pos]
         return len(prompt) - n_common
 

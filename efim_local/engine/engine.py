@@ -28,6 +28,7 @@ from .models import default_layout
 from .request import Completion, CompletionRequest, Timings, TokenCounts
 from .reuse import Reuse
 from .slots import SlotManager
+from .speed import PrefillSpeed
 from .stream import StopRules
 
 
@@ -83,11 +84,13 @@ class Engine:
                     self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
                     if self.sparse.skew is not None:
                         frac = store.shrink_to
-                        self.store.shrink = lambda payload, partial, sel: self.sparse.shrink(payload, partial, sel, frac)
+                        self.store.shrink = lambda payload, partial, sel: self.sparse.shrink(
+                            payload, partial, sel, frac)
             self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
             self.default_layout, self.fragment_trained = default_layout(self.model.meta, config.layout)
+            self.speed = PrefillSpeed()  # learned from every prefill; the latency budget asks it
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
             self._stack = stack.pop_all()
@@ -130,10 +133,30 @@ class Engine:
     def _max_tokens(self, req: CompletionRequest) -> int:
         return req.max_tokens if req.max_tokens is not None else self.config.max_tokens
 
-    def complete(self, req: CompletionRequest, on_text=None, should_stop=None) -> Completion:
-        """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``."""
+    def budget_ms(self, req: CompletionRequest) -> float:
+        """The request's latency budget for its prompt, in ms (0: none)."""
+        return req.max_prompt_ms if req.max_prompt_ms is not None else self.config.max_prompt_ms
+
+    def _fit_budget(self, req: CompletionRequest, plan: Plan) -> Plan:
+        """``plan``, or a reduced one (context nearest the cursor) if its new tokens would not be
+        prefilled within the request's budget. Cached tokens are free."""
+        budget = self.budget_ms(req)
+        if budget <= 0 or not self.speed.known:
+            return plan
+        have = self.reuse.peek(np.asarray(plan.tokens, dtype=np.int32))
+        if self.speed.predict_ms(len(plan.tokens) - have, have) <= budget:
+            return plan
+        allowed = self.speed.max_new(budget)
+        if allowed >= len(plan.tokens):
+            return plan
+        return self.planner.plan(self.session(req.path), req.text, req.cursor, req.layout,
+                                 reserve=self._max_tokens(req), budget_tokens=allowed)
+
+    def complete(self, req: CompletionRequest, on_text=None, should_stop=None, chunk: int | None = None) -> Completion:
+        """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``
+        and ``chunk``."""
         t0 = time.perf_counter()
-        plan = self.plan(req)
+        plan = self._fit_budget(req, self.plan(req))
         tokens, heal = plan.tokens, b""
         if req.heal and plan.middle_tokens and Healer.should_heal(self.model.piece(plan.middle_tokens[-1])):
             # Back off the middle's last token; generation must spell it out again.
@@ -142,21 +165,61 @@ class Engine:
             tokens = tokens[:cut] + tokens[cut + 1:]
         plan_ms = (time.perf_counter() - t0) * 1e3
         out = self.run(tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
-                       on_text=on_text, should_stop=should_stop, heal=heal)
+                       on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk)
         out.timings.plan_ms = plan_ms
         out.layout = plan.layout
         out.reanchor = plan.reanchor
         if plan.prefix_trimmed or plan.suffix_trimmed:
             out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
+        out.context = {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
+                       "reduced": plan.reduced}
         return out
+
+    def grow(self, path: str, should_stop=None) -> bool:
+        """Idle work: put back the context a latency budget took from ``path``'s plan.
+
+        Prefills the full plan's stable part (everything but the typed middle) in chunks of
+        ``idle_chunk_tokens``, polling ``should_stop`` between them (Cancelled when it says stop;
+        what was decoded stays in the slot, so the next call goes on from there). When it is
+        complete, the file's anchor becomes the full one, so the next keystroke finds it cached.
+        Returns True when the file's plan is full."""
+        f = self.files.get(path)
+        session = f.session if f is not None else None
+        if session is None or session.anchor is None or not session.anchor.reduced:
+            return True
+        reduced = session.anchor
+        full = self.planner.full_anchor(reduced, self.config.max_tokens)
+        tokens = self.planner.stable_tokens(session.layout, full)
+        self.run(tokens, CompletionRequest("", 0, path=path, max_tokens=0), path=path,
+                 should_stop=should_stop, chunk=self.config.idle_chunk_tokens)
+        if session.anchor is reduced:  # nothing re-anchored the file meanwhile
+            session.anchor = full
+        return True
+
+    def prefill(self, path: str, text: str, cursor: int, should_stop=None) -> None:
+        """Idle work: compute the full plan anchored at ``cursor`` (no budget, small chunks)."""
+        self.complete(CompletionRequest(text, cursor, path=path, max_tokens=0, max_prompt_ms=0),
+                      should_stop=should_stop, chunk=self.config.idle_chunk_tokens)
+
+    def calibrate(self, should_stop=None, n: int = 64) -> None:
+        """Idle work: measure prefill speed at two context sizes (for the latency budget)."""
+        if self.speed.known:
+            return
+        seed = np.asarray(self.model.tokenize("def f(x):\n    return x + 1\n"), dtype=np.int32)
+        tokens = np.resize(seed, 4 * n)
+        for length in (n, 4 * n):  # a short prompt, then a longer one on top of it
+            out = self.run(tokens[:length], CompletionRequest("", 0, max_tokens=0), path=None, cold=length == n,
+                           should_stop=should_stop, chunk=self.config.idle_chunk_tokens)
+        self.reuse.clear(self.slots.slots[out.slot])
 
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
             t0: float | None = None, on_text=None, checkpoint: int | None = None,
-            should_stop=None, heal: bytes = b"") -> Completion:
+            should_stop=None, heal: bytes = b"", chunk: int | None = None) -> Completion:
         """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV.
 
         ``checkpoint`` is the prompt length worth saving for sliding-window models.
-        ``should_stop()`` is polled between batches and tokens; when true, Cancelled is raised.
+        ``should_stop()`` is polled between batches (of at most ``chunk`` tokens) and tokens; when
+        true, Cancelled is raised.
         ``heal`` is text backed off the prompt that the first tokens must spell out again.
         """
         t0 = t0 if t0 is not None else time.perf_counter()
@@ -171,7 +234,9 @@ class Engine:
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=req.stop_at_newline,
                           max_lines=req.max_lines, stop_strings=self.template.stop_strings)
         try:
-            evaluated = self.decoder.prefill(slot, prompt, start.n_common, should_stop)
+            t_fill = time.perf_counter()
+            evaluated = self.decoder.prefill(slot, prompt, start.n_common, should_stop, chunk)
+            self.speed.observe(evaluated, len(prompt) - evaluated, (time.perf_counter() - t_fill) * 1e3)
             counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
             with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
                 ids, stream, reason, t_first = self.decoder.generate(
@@ -202,7 +267,7 @@ class Engine:
     def clear_slots(self) -> None:
         """Empty every live slot (benchmarks: start each backend cold)."""
         for slot in self.slots.slots:
-            self.reuse._clear(slot)
+            self.reuse.clear(slot)
 
     # -- reporting --------------------------------------------------------------------------
     def sparse_status(self) -> str:

@@ -42,6 +42,9 @@ class CompletionRequest:
                                 choices=LAYOUTS)
     stop_at_newline: bool = _param(False, bool, "Stop at the end of the first line.")
     max_lines: int | None = _param(None, int, "Stop after this many lines.", 1, 1000)
+    max_prompt_ms: float | None = _param(None, float, "Latency budget for the prompt in ms: a larger prompt "
+                                         "is reduced to the context nearest the cursor (0: no budget; "
+                                         "default: the config's).", 0, 600_000)
     ignore_eog: bool = _param(False, bool, "Always generate max_tokens (benchmarks).", cli=False)
     heal: bool = _param(False, bool, "Token healing: re-choose the partial word at the cursor.")
     sparse: bool | None = _param(None, bool, "InfiniGen sparse restore of long saved states "
@@ -56,7 +59,7 @@ class CompletionRequest:
     def from_params(cls, params: dict, text: str, cursor: int, path: str) -> "CompletionRequest":
         """Validate JSON-RPC params (unknown keys are the caller's business)."""
         kw = {}
-        for name, default, meta in cls.options():
+        for name, _default, meta in cls.options():
             v = params.get(name)
             if v is None:
                 continue
@@ -123,6 +126,7 @@ class Completion:
     slot: int = -1
     cache_tier: str = "none"  # where the reused KV came from: slot, ram, disk or none
     trimmed: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)  # tokens of prefix and suffix used; reduced by the budget?
     sparse: dict | None = None  # the sparse restore's report (approximate!), or why it fell back
     token_ids: list[int] = field(default_factory=list)
 

@@ -51,7 +51,7 @@ class Reuse:
         """Choose the slot for ``prompt`` and bring in the best KV for it. ``cold`` ignores all of it."""
         slot, n_common = self.slots.pick(prompt)
         if slot.sparse and (not want_sparse or cold):  # approximate KV never serves an exact request
-            self._clear(slot)
+            self.clear(slot)
             n_common = 0
         # The same prompt again leaves the KV as it was: nothing new to save.
         same = n_common == len(prompt) == len(slot.tokens)
@@ -66,18 +66,23 @@ class Reuse:
         start.same = same
         return start
 
+    def peek(self, prompt: np.ndarray) -> int:
+        """How many of ``prompt``'s tokens a live slot already holds (no side effects)."""
+        return self.slots.pick(prompt)[1]
+
     def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool) -> None:
         """After decoding: keep the prompt's KV (as far as it was decoded), drop the output."""
         slot = start.slot
         if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
-            self._clear(slot)
+            self.clear(slot)
         slot.touch(path)
         slot.dirty = (self.store is not None and len(slot.tokens) > 0 and not slot.sparse
                       and (slot.dirty or not start.same or cold))
         ck = checkpoint if checkpoint is not None else n_prompt - 1
         slot.checkpoint = max(0, min(ck, n_prompt - 1, len(slot.tokens)))
 
-    def _clear(self, slot: Slot) -> None:
+    def clear(self, slot: Slot) -> None:
+        """Empty a slot (its KV and its record)."""
         self.ctx.seq_rm(slot.seq, 0, -1)
         slot.reset()
 
@@ -124,7 +129,7 @@ class Reuse:
             slot.tokens, slot.dirty = prompt[:n], False
             store.record(Hit(m.tier))
             return Start(slot, n, m.tier, report)
-        self._clear(slot)
+        self.clear(slot)
         store.drop(m.id, "corrupt")
         store.record(Miss("corrupt"))
         return Start(slot, 0, "none", report)

@@ -31,6 +31,7 @@ SUFFIX_CHANGED = "suffix_changed"
 MIDDLE_TOO_LONG = "middle_too_long"
 CONTEXT_OVERFLOW = "context_overflow"
 LAYOUT_CHANGED = "layout_changed"
+LATENCY_BUDGET = "latency_budget"  # the plan was reduced to fit the request's time budget
 
 LAYOUTS = ("efim", "fim")
 
@@ -57,6 +58,7 @@ class Anchor:
     suffix_tokens: tuple[int, ...]
     prefix_trimmed: int = 0  # tokens dropped from the prefix's start
     suffix_trimmed: int = 0  # tokens dropped from the suffix's end
+    reduced: bool = False  # trimmed to fit a latency budget (idle time grows it back)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Plan:
     middle_start: int = 0  # index in ``tokens`` where the middle begins: all before it is stable
     prefix_trimmed: int = 0
     suffix_trimmed: int = 0
+    reduced: bool = False  # trimmed to fit a latency budget
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,11 @@ class Planner:
     limits: PlannerLimits = field(default_factory=PlannerLimits)
 
     def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None,
-             reserve: int | None = None) -> Plan:
-        """Plan a request; ``reserve`` is the room kept for output (default: the limits')."""
+             reserve: int | None = None, budget_tokens: int | None = None) -> Plan:
+        """Plan a request; ``reserve`` is the room kept for output (default: the limits').
+
+        ``budget_tokens``: re-anchor now with at most this many prompt tokens (the latency budget),
+        keeping the context nearest the cursor."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         if not 0 <= cursor <= len(text):
             raise PlanError(f"cursor {cursor} is outside the document (0..{len(text)})")
@@ -115,6 +121,8 @@ class Planner:
             raise PlanError(f"unknown layout {layout!r} (expected one of {', '.join(LAYOUTS)})")
 
         reason = self._keep_or_reason(session, text, cursor, layout)
+        if budget_tokens is not None:
+            reason = LATENCY_BUDGET
         if reason is None:
             anchor = session.anchor
             middle_text = text[anchor.offset:cursor]
@@ -124,20 +132,14 @@ class Planner:
             elif self._total(anchor.prefix_tokens, anchor.suffix_tokens, middle, reserve) > self.limits.n_ctx:
                 reason = CONTEXT_OVERFLOW
         if reason is not None:
-            anchor = self._anchor(text, cursor, reserve)
+            anchor = self._anchor(text, cursor, reserve, budget_tokens)
             session.anchor = anchor
             session.reanchors += 1
             middle_text = text[anchor.offset:cursor]
             middle = tuple(self.tokenize(middle_text))
         session.layout = layout
         tokens = self.assemble(layout, anchor.prefix_tokens, middle, anchor.suffix_tokens)
-        m = self.markers
-        if layout == "efim":
-            middle_start = len(tokens) - len(middle)
-        elif m.order == "spm":
-            middle_start = len(m.bos) + len(m.suf) + len(anchor.suffix_tokens) + len(m.pre) + len(anchor.prefix_tokens)
-        else:
-            middle_start = len(m.bos) + len(m.pre) + len(anchor.prefix_tokens)
+        middle_start = self.middle_start(layout, anchor, len(tokens), len(middle))
         return Plan(
             tokens=tokens,
             middle_start=middle_start,
@@ -149,9 +151,30 @@ class Planner:
             reanchor=reason,
             prefix_trimmed=anchor.prefix_trimmed,
             suffix_trimmed=anchor.suffix_trimmed,
+            reduced=anchor.reduced,
         )
 
-    def assemble(self, layout: str, prefix: Sequence[int], middle: Sequence[int], suffix: Sequence[int]) -> tuple[int, ...]:
+    def middle_start(self, layout: str, anchor: Anchor, n_tokens: int, n_middle: int) -> int:
+        """Index where the middle begins in a plan's tokens: everything before it is stable."""
+        m = self.markers
+        if layout == "efim":
+            return n_tokens - n_middle
+        if m.order == "spm":
+            return len(m.bos) + len(m.suf) + len(anchor.suffix_tokens) + len(m.pre) + len(anchor.prefix_tokens)
+        return len(m.bos) + len(m.pre) + len(anchor.prefix_tokens)
+
+    def stable_tokens(self, layout: str, anchor: Anchor) -> tuple[int, ...]:
+        """The part of every plan on ``anchor`` that does not depend on the typed middle."""
+        tokens = self.assemble(layout, anchor.prefix_tokens, (), anchor.suffix_tokens)
+        return tokens[:self.middle_start(layout, anchor, len(tokens), 0)]
+
+    def full_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor:
+        """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
+        reserve = self.limits.reserve_tokens if reserve is None else reserve
+        return self._fit(anchor.offset, anchor.prefix_text, anchor.suffix_text, 0, reserve)
+
+    def assemble(self, layout: str, prefix: Sequence[int], middle: Sequence[int],
+                 suffix: Sequence[int]) -> tuple[int, ...]:
         """The layout's token sequence from separately tokenized pieces."""
         m = self.markers
         head = (*m.bos, *m.pre, *prefix)
@@ -185,13 +208,17 @@ class Planner:
             return SUFFIX_CHANGED
         return None
 
-    def _anchor(self, text: str, cursor: int, reserve: int) -> Anchor:
+    def _anchor(self, text: str, cursor: int, reserve: int, budget_tokens: int | None = None) -> Anchor:
         offset = line_start(text, cursor)
         middle = self.tokenize(text[offset:cursor])
         if len(middle) > self.limits.max_middle_tokens:
             offset = cursor  # a very long line: anchor at the cursor itself
             middle = []
-        prefix_text, suffix_text = text[:offset], text[cursor:]
+        return self._fit(offset, text[:offset], text[cursor:], len(middle), reserve, budget_tokens)
+
+    def _fit(self, offset: int, prefix_text: str, suffix_text: str, n_middle: int, reserve: int,
+             budget_tokens: int | None = None) -> Anchor:
+        """Tokenize the pieces and trim them to the context (and to ``budget_tokens``, if given)."""
         prefix = self.tokenize(prefix_text)
         suffix = self.tokenize(suffix_text)
         # Leave room for the middle to grow to its limit before re-anchoring.
@@ -199,6 +226,11 @@ class Planner:
         budget = self.limits.n_ctx - self._total((), (), (), reserve) - room
         if budget < 16:
             raise PlanError(f"context of {self.limits.n_ctx} tokens is too small for this request")
+        reduced = False
+        if budget_tokens is not None:
+            fits = max(0, budget_tokens - self._total((), (), (), 0) - n_middle)
+            if fits < min(budget, len(prefix) + len(suffix)):
+                budget, reduced = fits, True
         over = len(prefix) + len(suffix) - budget
         p_cut = s_cut = 0
         if over > 0:
@@ -207,4 +239,4 @@ class Planner:
             keep_prefix = budget - keep_suffix
             p_cut, s_cut = len(prefix) - keep_prefix, len(suffix) - keep_suffix
             prefix, suffix = prefix[p_cut:], suffix[:len(suffix) - s_cut]
-        return Anchor(offset, prefix_text, tuple(prefix), suffix_text, tuple(suffix), p_cut, s_cut)
+        return Anchor(offset, prefix_text, tuple(prefix), suffix_text, tuple(suffix), p_cut, s_cut, reduced)

@@ -1,0 +1,69 @@
+"""How fast this machine prefills with this model, learned online.
+
+Prefilling ``n`` new tokens after ``c`` tokens already in the slot costs about
+``n * (a + b * (c + n / 2))`` ms: a per-token cost for the weights, plus
+attention over the context so far. ``a`` and ``b`` are fitted by least
+squares over recent prefills (older ones fade), so the model follows the
+machine's load. The latency budget asks it how many new tokens fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DECAY = 0.95  # weight kept by past observations at each new one
+MIN_TOKENS = 8  # smaller prefills are dominated by fixed overheads: not informative
+
+
+@dataclass
+class PrefillSpeed:
+    a: float = 0.0  # ms per new token
+    b: float = 0.0  # ms per new token per token of context
+    n: int = 0  # observations so far
+    learn: bool = True  # False: a fixed speed, observations are ignored
+    # Decayed sums of the normal equations for y = a * x1 + b * x2.
+    s11: float = 0.0
+    s12: float = 0.0
+    s22: float = 0.0
+    s1y: float = 0.0
+    s2y: float = 0.0
+
+    @classmethod
+    def fixed(cls, a: float, b: float = 0.0) -> "PrefillSpeed":
+        """A known, fixed speed (tests, or a speed measured elsewhere)."""
+        return cls(a=a, b=b, n=1, learn=False)
+
+    @property
+    def known(self) -> bool:
+        return self.n > 0 and self.a > 0
+
+    def observe(self, n_new: int, n_ctx: int, ms: float) -> None:
+        """Record a prefill of ``n_new`` tokens after ``n_ctx`` cached ones that took ``ms``."""
+        if not self.learn or n_new < MIN_TOKENS or not math.isfinite(ms) or ms <= 0:
+            return
+        x1, x2 = float(n_new), n_new * (n_ctx + n_new / 2)
+        d = DECAY
+        self.s11, self.s12, self.s22 = d * self.s11 + x1 * x1, d * self.s12 + x1 * x2, d * self.s22 + x2 * x2
+        self.s1y, self.s2y = d * self.s1y + x1 * ms, d * self.s2y + x2 * ms
+        self.n += 1
+        det = self.s11 * self.s22 - self.s12 * self.s12
+        a = b = None
+        if det > 1e-9 * self.s11 * self.s22:
+            a = (self.s1y * self.s22 - self.s2y * self.s12) / det
+            b = (self.s11 * self.s2y - self.s12 * self.s1y) / det
+        if a is None or a <= 0 or b < 0:  # too little spread in context sizes: per-token cost only
+            a, b = self.s1y / self.s11, 0.0
+        self.a, self.b = a, b
+
+    def predict_ms(self, n_new: int, n_ctx: int) -> float:
+        return n_new * (self.a + self.b * (n_ctx + n_new / 2))
+
+    def max_new(self, budget_ms: float, n_ctx: int = 0) -> int:
+        """The most new tokens whose prefill fits ``budget_ms`` after ``n_ctx`` cached ones."""
+        if not self.known:
+            return 1 << 30
+        # Solve (b/2) n^2 + (a + b c) n - budget = 0 for n.
+        p, q = self.b / 2, self.a + self.b * n_ctx
+        n = budget_ms / q if p == 0 else (-q + math.sqrt(q * q + 4 * p * budget_ms)) / (2 * p)
+        return max(0, int(n))

@@ -1,0 +1,126 @@
+"""The latency budget: plans fit the budget, idle growth is exact and yields within one chunk."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from efim_local.engine import CompletionRequest, Engine
+from efim_local.engine.speed import PrefillSpeed
+from efim_local.errors import Cancelled
+from efim_local.training.corpus import read_texts, stdlib_files
+
+from .conftest import small_config
+
+DOCS = [t[:6000] for t in read_texts(stdlib_files(400_000)) if len(t) > 6000][:4]
+MS_PER_TOKEN = 1.0  # the injected speed: 1 ms per new token, context free
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    with Engine(small_config(n_ctx_seq=2048, idle_chunk_tokens=32), tiny_model) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    with Engine(small_config(n_ctx_seq=2048, n_slots=1), tiny_model) as e:
+        yield e
+
+
+@pytest.fixture(autouse=True)
+def fixed_speed(engine):
+    engine.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
+    engine.clear_slots()
+
+
+def test_speed_model_learns_per_token_and_context_costs():
+    s = PrefillSpeed()
+    assert not s.known and s.max_new(100) > 1e6  # unknown: no limit
+    for n, c in ((64, 0), (192, 64), (100, 1000), (300, 2000)):
+        s.observe(n, c, n * (2.0 + 0.001 * (c + n / 2)))
+    assert s.a == pytest.approx(2.0, rel=1e-6) and s.b == pytest.approx(0.001, rel=1e-6)
+    n = s.max_new(500, 1000)
+    assert s.predict_ms(n, 1000) <= 500 < s.predict_ms(n + 1, 1000)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.sampled_from(range(len(DOCS))), at=st.floats(0.05, 0.95), budget=st.sampled_from([40, 120, 400, 900]),
+       layout=st.sampled_from(["efim", "fim"]))
+def test_plans_never_exceed_the_budget(engine, doc, at, budget, layout):
+    text = DOCS[doc]
+    cur = text.index("\n", int(len(text) * at)) + 1 if "\n" in text[int(len(text) * at):] else len(text)
+    path = f"budget-{doc}-{layout}.py"
+    engine.forget(path)
+    out = engine.complete(CompletionRequest(text, cur, path=path, layout=layout, max_prompt_ms=budget, max_tokens=2))
+    assert out.tokens.evaluated * MS_PER_TOKEN <= budget  # cached tokens are free
+    prefix, suffix = engine.planner.tokenize(text[:cur]), engine.planner.tokenize(text[cur:])
+    plan = engine.plan(CompletionRequest(text, cur, path=path, layout=layout))
+    if len(prefix) + len(suffix) + 3 > budget:  # it could not all fit: the nearest context is kept
+        assert out.context["reduced"] and out.reanchor == "latency_budget"
+        assert list(plan.prefix_tokens) == prefix[len(prefix) - len(plan.prefix_tokens):]
+        assert list(plan.suffix_tokens) == suffix[:len(plan.suffix_tokens)]
+        assert len(plan.prefix_tokens) >= min(len(prefix), (budget - 3) // 2)  # most of it before the cursor
+    else:
+        assert not out.context["reduced"] and len(plan.prefix_tokens) == len(prefix)
+
+
+def test_keystrokes_after_a_reduced_plan_stay_cheap(engine):
+    text, path = DOCS[0], "cheap.py"
+    cur = text.index("\n", 3000) + 1
+    first = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=200))
+    assert first.context["reduced"] and first.tokens.evaluated <= 200
+    for ch in "value":
+        text, cur = text[:cur] + ch + text[cur:], cur + 1
+        out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=200))
+        assert out.reanchor is None and out.context["reduced"] and out.tokens.evaluated <= 3
+
+
+def _stop_after(polls: int):
+    """A should_stop that says stop at its ``polls``-th call."""
+    calls = {"n": 0}
+
+    def should_stop():
+        calls["n"] += 1
+        return calls["n"] >= polls
+
+    return should_stop
+
+
+def test_idle_growth_yields_within_one_chunk(engine):
+    text, path = DOCS[1], "yield.py"
+    cur = text.index("\n", 3000) + 1
+    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100))
+    before = {s.seq: len(s.tokens) for s in engine.slots.slots}
+    with pytest.raises(Cancelled):
+        engine.grow(path, _stop_after(2))  # one chunk, then a request arrives
+    grown = [len(s.tokens) - before[s.seq] for s in engine.slots.slots if len(s.tokens) > before[s.seq]]
+    assert grown and max(grown) <= engine.config.idle_chunk_tokens
+    assert engine.session(path).anchor.reduced  # not swapped: the full plan is not ready
+
+
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.sampled_from(range(len(DOCS))), at=st.floats(0.3, 0.9), polls=st.integers(2, 12),
+       typed=st.text("abc_ (", min_size=1, max_size=4))
+def test_growth_in_idle_steps_is_exact(engine, reference, doc, at, polls, typed):
+    """A plan grown in interrupted idle steps answers like the same plan computed cold."""
+    text, path = DOCS[doc], f"grow-{doc}.py"
+    engine.forget(path)
+    cur = text.index("\n", int(len(text) * at)) + 1
+    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=2))
+    while True:  # idle time comes in pieces: each one is interrupted after a few chunks
+        try:
+            engine.grow(path, _stop_after(polls))
+            break
+        except Cancelled:
+            continue
+    assert not engine.session(path).anchor.reduced
+    text, cur = text[:cur] + typed + text[cur:], cur + len(typed)
+    req = CompletionRequest(text, cur, path=path, layout="efim", max_tokens=6)
+    warm = engine.complete(req)
+    assert not warm.context["reduced"] and warm.tokens.evaluated <= len(engine.planner.tokenize(typed)) + 2
+    plan = engine.plan(req)
+    assert plan.reanchor is None
+    cold = reference.run(plan.tokens, CompletionRequest("", 0, max_tokens=6), cold=True)
+    assert warm.token_ids == cold.token_ids
