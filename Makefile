@@ -1,11 +1,12 @@
-# efim-local. `make run` sets up everything and runs a real completion; `make test` runs the tests.
+# efim-local. `make run` sets up everything and runs a real completion; `make test` runs the tests
+# (`make test-fast`: the unit tier only).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup run test bench bench-quick cuda server clean nvim model
+.PHONY: setup run test test-fast bench bench-quick cuda server clean nvim model
 
 setup: $(STAMP)
 
@@ -23,8 +24,14 @@ nvim:
 run: setup
 	$(VENV)/bin/efim complete examples/fib.py --line 5 --column 9 --max-tokens 24
 
+# All three tiers (tests/unit, tests/engine, tests/e2e); see tests/conftest.py.
 test: setup nvim
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# The unit tier alone: no model, no llama.cpp decode, no daemon; a few seconds.
+test-fast: setup
+	$(PY) -m pytest -q tests/unit
 
 # Reproduce the bundled default model from scratch (about 30 min on 2 cores).
 model: setup

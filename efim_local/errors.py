@@ -165,7 +165,8 @@ def from_wire(err: dict) -> EfimError:
     code = err.get("code") if isinstance(err, dict) else None
     msg = err.get("message") if isinstance(err, dict) else None
     cls = _BY_CODE.get(code, EfimError)
-    e = cls(msg if isinstance(msg, str) else "malformed error from the daemon", err.get("data") if isinstance(err, dict) else None)
+    data = err.get("data") if isinstance(err, dict) else None
+    e = cls(msg if isinstance(msg, str) else "malformed error from the daemon", data)
     if cls is EfimError:
         e.code = code if isinstance(code, int) else INTERNAL_ERROR
     return e
@@ -175,4 +176,9 @@ def internal(exc: BaseException) -> EfimError:
     """``exc`` as an EfimError: itself if it is one, else an InternalError naming its class."""
     if isinstance(exc, EfimError):
         return exc
-    return InternalError(f"internal error: {exc.__class__.__name__}: {exc}".rstrip(": "))
+    return InternalError(one_line(f"internal error: {exc.__class__.__name__}: {exc}".rstrip(": ")))
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks folded into spaces (what a user sees is one line)."""
+    return " ".join(text.split())

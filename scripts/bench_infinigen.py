@@ -3,7 +3,7 @@
 One long input (standard-library modules concatenated) is prefilled once; its state, truncated
 at several lengths of about --tokens, stands for a saved file. Each sample restores it and
 decodes the next --tail tokens, then greedily completes a line. At each budget every policy
-restores only part of the state (see efim_local/infinigen/select.py) and is compared with the
+restores only part of the state (see efim_local/kv/sparse/select.py) and is compared with the
 full restore: bytes restored, restore time, next-token top-1 agreement, first-line agreement.
 
     python scripts/calibrate_infinigen.py --model gemma        # once per model
@@ -95,7 +95,7 @@ with Model(model_path) as model, Context(model, params, cap.callback) as ctx, Ba
     lengths = [args.tokens - i * 61 for i in range(args.samples)]
     budgets = [float(b) for b in args.budgets.split(",")]
     runs = [(b, p) for b in budgets for p in POLICIES]
-    stats = {r: {"bytes": [], "ms": [], "rehearsal_ms": [], "select_ms": [], "top1": [], "line": [], "kept": []} for r in runs}
+    stats = {r: {k: [] for k in ("bytes", "ms", "rehearsal_ms", "select_ms", "top1", "line", "kept")} for r in runs}
     full_ms = []
     for i, n in enumerate(tqdm(lengths, desc="samples")):
         state = kvblob.truncate(full_state, n)

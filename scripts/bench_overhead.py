@@ -40,9 +40,11 @@ with Client(sock, timeout=300) as c:
 proc.wait(60)
 
 share = [r["overhead"] / r["rtt"] for r in rows]
-row = {"model": args.model, "prompt_tokens": out["tokens"]["prompt"], "p50_rtt_ms": bu.pctl([r["rtt"] for r in rows], 0.5),
-       "p50_engine_ms": bu.pctl([r["engine"] for r in rows], 0.5), "p50_plan_ms": bu.pctl([r["plan"] for r in rows], 0.5),
-       "p50_ipc+plan_ms": bu.pctl([r["overhead"] for r in rows], 0.5), "p50_share_%": 100 * bu.pctl(share, 0.5),
+p50 = lambda key: bu.pctl([r[key] for r in rows], 0.5)
+row = {"model": args.model, "prompt_tokens": out["tokens"]["prompt"], "p50_rtt_ms": p50("rtt"),
+       "p50_engine_ms": p50("engine"), "p50_plan_ms": p50("plan"),
+       "p50_ipc+plan_ms": p50("overhead"), "p50_share_%": 100 * bu.pctl(share, 0.5),
        "p95_share_%": 100 * bu.pctl(share, 0.95)}
 print(bu.table([row], list(row)))
-print("saved", bu.save(f"overhead-{args.model if args.model in ('default', 'gemma') else 'model'}", {"args": vars(args), "result": row}))
+name = args.model if args.model in ("default", "gemma") else "model"
+print("saved", bu.save(f"overhead-{name}", {"args": vars(args), "result": row}))

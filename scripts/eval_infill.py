@@ -33,7 +33,7 @@ from efim_local.bench import util as bu
 from efim_local.llama import ContextParams
 from efim_local.config import Config
 from efim_local.engine.engine import CompletionRequest, Engine
-from efim_local.prompt.planner import Anchor, FileSession
+from efim_local.prompt.planner import Anchor
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "human-eval-infilling"
 

@@ -36,7 +36,8 @@ def rss_kb() -> int:
     return 0
 
 
-sources = [p.read_text("utf-8", errors="replace")[:3000] for p in sorted(Path(os.__file__).parent.glob("*.py"))[:args.clients]]
+sources = [p.read_text("utf-8", errors="replace")[:3000]
+           for p in sorted(Path(os.__file__).parent.glob("*.py"))[:args.clients]]
 latencies: list[float] = []
 errors: list[str] = []
 warm_rss: list[int] = []
@@ -56,7 +57,8 @@ def client(i: int) -> None:
             text, cur = text[:cur] + ch + text[cur:], cur + 1
             t = time.perf_counter()
             try:
-                c.call("complete", {"path": f"client{i}.py", "text": text, "offset": cur, "max_tokens": args.max_tokens})
+                c.call("complete", {"path": f"client{i}.py", "text": text, "offset": cur,
+                                    "max_tokens": args.max_tokens})
             except Exception as e:  # noqa: BLE001 - counted
                 with lock:
                     errors.append(repr(e))

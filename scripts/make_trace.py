@@ -15,6 +15,7 @@ from efim_local.bench import trace
 ROOT = Path(__file__).resolve().parent.parent
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--repo", type=Path, default=ROOT)
+# The shipped trace's modules, by the paths they had before the package was split into layers.
 ap.add_argument("--files", nargs="+", default=["efim_local/engine.py", "efim_local/planner.py",
                                                "efim_local/store/store.py", "efim_local/daemon/server.py"])
 ap.add_argument("--out", type=Path, default=trace.DEFAULT_TRACE)

@@ -6,7 +6,7 @@
 
 Training data: the standard library's own sources, with its test/ directory
 held out for validation. Each sample is plain, FIM (PSM or SPM) or EFIM, and
-every piece is fragment-tokenized (efim_local/fragments.py). Checkpoints are
+every piece is fragment-tokenized (efim_local/training/fragments.py). Checkpoints are
 safetensors (no pickle); the last one is converted to GGUF.
 """
 

@@ -97,5 +97,5 @@ def spawn_daemon(model: Path, template: str | None, *extra: str):
             return proc, sock
         except DaemonUnavailable:
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit("the daemon did not start")
+                raise SystemExit("the daemon did not start") from None
             time.sleep(0.1)

@@ -1,6 +1,7 @@
 """The ``efim`` command line: a thin layer over the library API.
 
-Commands live in small modules: complete.py (complete, status), cache.py, daemon.py (serve, daemon).
+Commands live in small modules: complete.py (complete, status), cache.py, daemon.py (serve, daemon),
+bench.py. helpdoc.py renders every command's help into docs/cli.md.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import sys
 import click
 
 from .. import config as config_mod
-from ..errors import EfimError
+from ..errors import EfimError, one_line
 
 
 def fail(msg: str, code: int = 1) -> None:
     """One line on stderr, then exit (2: a usage error; 1: anything else)."""
-    click.echo(f"efim: error: {msg}", err=True)
+    click.echo(f"efim: error: {one_line(msg)}", err=True)
     sys.exit(code)
 
 
@@ -60,15 +61,20 @@ def main():
 def model_options(fn):
     """Options that choose and configure the model, shared by commands that load it."""
     opts = [
-        click.option("--model", "-m", type=click.Path(dir_okay=False), help="GGUF model (default: $EFIM_MODEL, config, bundled)."),
-        click.option("--layout", type=click.Choice(["efim", "fim"]), help="Prompt layout (default: efim for fragment-trained models)."),
+        click.option("--model", "-m", type=click.Path(dir_okay=False),
+                     help="GGUF model (default: $EFIM_MODEL, config, bundled)."),
+        click.option("--layout", type=click.Choice(["efim", "fim"]),
+                     help="Prompt layout (default: efim for fragment-trained models)."),
         click.option("--fim-template", help="Text markers 'PRE,SUF,MID[,psm|spm]' for models without FIM tokens."),
-        click.option("--fim-family", help="Force a template family: qwen, deepseek, starcoder, codellama, codestral, codegemma, granite."),
+        click.option("--fim-family", help="Force a template family: qwen, deepseek, starcoder, codellama, codestral, "
+                                          "codegemma, granite."),
         click.option("--n-ctx", type=click.IntRange(64, 1 << 20), help="Context tokens per slot."),
         click.option("--threads", type=click.IntRange(0, 1024), help="CPU threads (0: all)."),
         click.option("--n-gpu-layers", type=click.IntRange(0, 100000), help="Layers to offload (CUDA builds)."),
-        click.option("--main-gpu", type=click.IntRange(0, 1024), help="GPU for the model and scratch buffers (CUDA builds)."),
-        click.option("--offload-kqv/--no-offload-kqv", default=None, help="Keep the KV cache and attention on the GPU (CUDA builds)."),
+        click.option("--main-gpu", type=click.IntRange(0, 1024),
+                     help="GPU for the model and scratch buffers (CUDA builds)."),
+        click.option("--offload-kqv/--no-offload-kqv", default=None,
+                     help="Keep the KV cache and attention on the GPU (CUDA builds)."),
         click.option("--flash-attn/--no-flash-attn", default=None, help="Use flash attention."),
     ]
     for o in reversed(opts):
@@ -80,7 +86,7 @@ def request_options(fn):
     """The completion request's options, from its one definition (engine/request.py)."""
     from ..engine.request import CompletionRequest
 
-    for name, default, meta in reversed(CompletionRequest.options()):
+    for name, _, meta in reversed(CompletionRequest.options()):
         if not meta["cli"] or name == "layout":  # --layout comes with the model options
             continue
         flag = "--" + name.replace("_", "-")
@@ -89,8 +95,7 @@ def request_options(fn):
         else:
             lo, hi = meta["lo"], meta["hi"]
             kind = click.FloatRange(lo, hi) if meta["kind"] is float else click.IntRange(lo, hi)
-            opt = click.option(flag, type=kind, default=None, help=meta["help"],
-                               show_default=str(default) if default is not None else None)
+            opt = click.option(flag, type=kind, default=None, help=meta["help"])
         fn = opt(fn)
     return fn
 

@@ -13,7 +13,8 @@ from . import build_config, config_mod, emit, main, model_options, pairs, user_e
 
 @main.command()
 @click.option("--socket", "sock", type=click.Path(), help="Socket path (default: $XDG_RUNTIME_DIR/efim/efim.sock).")
-@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False), help="Workspace root to watch (repeatable).")
+@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False),
+              help="Workspace root to watch (repeatable).")
 @click.option("--queue-size", type=click.IntRange(1, 1024), default=16, show_default=True,
               help="Requests that may wait; more are answered 'busy'.")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
@@ -80,7 +81,8 @@ def daemon():
 
 @daemon.command("start")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for it to answer.")
-@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False), help="Workspace root to watch (repeatable).")
+@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False),
+              help="Workspace root to watch (repeatable).")
 @model_options
 @user_errors
 def daemon_start(timeout, roots, **model_kw):
@@ -205,19 +207,26 @@ def daemon_status(as_json):
 
 
 @daemon.command("restart")
-@click.option("--timeout", type=float, default=120.0, show_default=True)
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for it to answer.")
+@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False),
+              help="Workspace root to watch (repeatable), besides those the running daemon watches.")
 @model_options
 @user_errors
-def daemon_restart(timeout, **model_kw):
-    """Stop the daemon if it runs, then start it.
+def daemon_restart(timeout, roots, **model_kw):
+    """Stop the daemon if it runs, then start it (it keeps watching the same folders).
 
     \b
     Example:
       efim daemon restart
     """
     from ..daemon import client
+    from ..errors import DaemonUnavailable
 
-    if client.running():
+    try:
+        with client.Client(timeout=10) as c:
+            roots = (*c.call("status").get("watching", ()), *roots)
         stop_daemon()
-    pid = start_daemon(timeout, build_config(**model_kw))
+    except DaemonUnavailable:
+        pass
+    pid = start_daemon(timeout, build_config(**model_kw), roots)
     click.echo(f"efim daemon restarted (pid {pid})")

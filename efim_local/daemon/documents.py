@@ -89,8 +89,8 @@ class Documents:
                 else:
                     text = new
                 check_size(text)
-            f.text = text  # all changes or none
-            f.version = param(params, "version", int, f.version + 1, lo=0, hi=1 << 53)
+            version = param(params, "version", int, f.version + 1, lo=0, hi=1 << 53)
+            f.text, f.version = text, version  # all changes or none
             self.files.entry(path)
             return f
 

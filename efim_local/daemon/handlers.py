@@ -73,7 +73,7 @@ class Handlers:
             f = self.documents.get(path)
             cursor = param(p, "offset", int, lo=0, hi=len(f.text)) if "offset" in p else position(p, "position", f.text)
             f.cursor = cursor
-        self.warm_later(path)
+        self.warm_later(path, cursor)
         return {"path": path, "offset": cursor}
 
     def cancel(self, conn, msg):
@@ -86,7 +86,8 @@ class Handlers:
         info = self.worker.call(lambda e: e.status())
         s = self.server
         info.update({"socket": str(s.sock_path), "pid": os.getpid(), "uptime_s": round(time.time() - s.started, 1),
-                     "queued": self.worker.queued(), "served": self.worker.served, "errors": self.worker.errors,
+                     "queued": self.worker.queued(), "idle_tasks": self.worker.idle_pending(),
+                     "served": self.worker.served, "errors": self.worker.errors,
                      "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else []})
         return info
 
@@ -100,13 +101,14 @@ class Handlers:
         self.worker.post(lambda e: e.forget(path))
         self.warm_later(path)
 
-    def warm_later(self, path: str) -> None:
-        """Prefill ``path`` (its open text, else the file) at its last cursor, when idle."""
+    def warm_later(self, path: str, at: int | None = None) -> None:
+        """Prefill ``path`` (its open text, else the file) at offset ``at`` (default: its last
+        cursor), when idle."""
         def warm(engine: Engine, should_stop) -> None:
             f = engine.files.get(path)
             with engine.files.lock:
                 text = f.text if f is not None and f.open else None
-                cursor = f.cursor if f is not None else None
+                cursor = at if at is not None else f.cursor if f is not None else None
             if text is None:
                 try:
                     text = read_source(path)
@@ -115,4 +117,4 @@ class Handlers:
             cursor = len(text) if cursor is None else min(cursor, len(text))
             engine.prefill(path, text, cursor, should_stop)
 
-        self.worker.add_idle(warm)
+        self.worker.add_idle(warm, key=("warm", path))

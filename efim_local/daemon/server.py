@@ -94,7 +94,7 @@ class Server:
         self.worker = Worker(engine, self.queue_size)
         self.handlers = Handlers(self, engine, self.worker)
         self.dispatcher = Dispatcher(self.handlers.table())
-        self.worker.add_idle(lambda e, should_stop: e.calibrate(should_stop))  # for the latency budget
+        self.worker.add_idle(lambda e, should_stop: e.calibrate(should_stop), key="calibrate")  # latency budget
 
     def serve_forever(self) -> None:
         self.worker.start()

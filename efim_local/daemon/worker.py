@@ -48,7 +48,8 @@ class Worker(threading.Thread):
         self.cond = threading.Condition()
         self.jobs: deque[Job] = deque()
         self.calls: deque[tuple[Callable, Future]] = deque()
-        self.idle_work: deque[Callable] = deque()
+        self.idle_work: deque[tuple[Any, Callable]] = deque()  # (key, task)
+        self.idle_running = False
         self.running: Job | None = None
         self.stopping = False
         self.served = 0
@@ -98,11 +99,21 @@ class Worker(threading.Thread):
             self.calls.append((fn, Future()))
             self.cond.notify()
 
-    def add_idle(self, task: Callable[[Engine, Callable[[], bool]], Any]) -> None:
-        """Queue ``task(engine, should_stop)`` for idle time."""
+    def add_idle(self, task: Callable[[Engine, Callable[[], bool]], Any], key: Any = None) -> None:
+        """Queue ``task(engine, should_stop)`` for idle time. A task with the same ``key`` still
+        queued is replaced (the newer one knows better, e.g. the cursor moved again). A task
+        interrupted by a request is queued again, to go on when the daemon is idle."""
         with self.cond:
-            self.idle_work.append(task)
+            if key is not None:
+                for old in [w for w in self.idle_work if w[0] == key]:
+                    self.idle_work.remove(old)
+            self.idle_work.append((key, task))
             self.cond.notify()
+
+    def idle_pending(self) -> int:
+        """Idle tasks queued or running."""
+        with self.cond:
+            return len(self.idle_work) + self.idle_running
 
     def stop(self) -> None:
         with self.cond:
@@ -136,6 +147,7 @@ class Worker(threading.Thread):
                     return
                 elif self.idle_work and not save:
                     idle = self.idle_work.popleft()
+                    self.idle_running = True
             if fn is not None:
                 self._call(fn, fut)
             elif job is not None:
@@ -144,7 +156,13 @@ class Worker(threading.Thread):
                     self.running = None
                 save_at = time.monotonic() + SAVE_DELAY
             elif idle is not None:
-                self._quietly(lambda: idle(self.engine, self._busy))  # noqa: B023 - called at once
+                key, task = idle
+                if not self._quietly(lambda: task(self.engine, self._busy)):  # noqa: B023 - called at once
+                    with self.cond:  # interrupted: go on later, unless a newer task took its place
+                        if key is None or all(w[0] != key for w in self.idle_work):
+                            self.idle_work.appendleft(idle)
+                with self.cond:
+                    self.idle_running = False
             else:
                 save_at = None
                 self._quietly(self.engine.flush)  # a pause in typing: keep the states
@@ -158,13 +176,15 @@ class Worker(threading.Thread):
         except BaseException as e:  # handed to the caller
             fut.set_exception(e)
 
-    def _quietly(self, fn) -> None:
+    def _quietly(self, fn) -> bool:
+        """Run background work; False if a request interrupted it."""
         try:
             fn()
         except Cancelled:
-            pass
+            return False
         except Exception:  # noqa: BLE001 - idle work never takes the engine thread down
             log.exception("background work failed")
+        return True
 
     def _complete(self, job: Job) -> None:
         conn, rid = job.conn, job.rid
@@ -181,7 +201,7 @@ class Worker(threading.Thread):
             conn.send(reply(rid, out.to_json()))
             if out.context.get("reduced"):  # the budget cut the context: grow it back while idle
                 path = job.request.path
-                self.add_idle(lambda engine, should_stop: engine.grow(path, should_stop))
+                self.add_idle(lambda engine, should_stop: engine.grow(path, should_stop), key=("grow", path))
         except Exception as e:  # noqa: BLE001 - never a traceback to the client
             if not isinstance(e, EfimError):
                 self.errors += 1

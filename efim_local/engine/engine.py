@@ -202,15 +202,23 @@ class Engine:
                       should_stop=should_stop, chunk=self.config.idle_chunk_tokens)
 
     def calibrate(self, should_stop=None, n: int = 64) -> None:
-        """Idle work: measure prefill speed at two context sizes (for the latency budget)."""
-        if self.speed.known:
+        """Idle work: measure prefill speed at two context sizes (for the latency budget).
+
+        Uses an empty slot (none: the requests so far have measured it) and leaves it empty; it is
+        not a request, so nothing is counted or saved."""
+        slot = next((s for s in self.slots.slots if not len(s.tokens)), None)
+        if self.speed.known or slot is None:
             return
         seed = np.asarray(self.model.tokenize("def f(x):\n    return x + 1\n"), dtype=np.int32)
         tokens = np.resize(seed, 4 * n)
-        for length in (n, 4 * n):  # a short prompt, then a longer one on top of it
-            out = self.run(tokens[:length], CompletionRequest("", 0, max_tokens=0), path=None, cold=length == n,
-                           should_stop=should_stop, chunk=self.config.idle_chunk_tokens)
-        self.reuse.clear(self.slots.slots[out.slot])
+        try:
+            for length in (n, 4 * n):  # a short prompt, then a longer one on top of it
+                t0 = time.perf_counter()
+                done = self.decoder.prefill(slot, tokens[:length], len(slot.tokens), should_stop,
+                                            self.config.idle_chunk_tokens)
+                self.speed.observe(done, length - done, (time.perf_counter() - t0) * 1e3)
+        finally:
+            self.reuse.clear(slot)
 
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
             t0: float | None = None, on_text=None, checkpoint: int | None = None,

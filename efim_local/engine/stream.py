@@ -36,6 +36,8 @@ class TextStream:
         return self._scan(final=False)
 
     def finish(self) -> str:
+        if self.stop_reason:  # bytes held back after a stop are never shown
+            return ""
         self._pending += self._dec.decode(b"", final=True)
         return self._scan(final=True)
 
@@ -66,14 +68,13 @@ class TextStream:
 
 
 def _nth_line_end(buf: str, n: int) -> int | None:
-    """Index of the newline ending the n-th non-empty line of ``buf``."""
-    start = 0
-    if buf.strip(" \t\r\n") == "":
+    """Index of the newline ending the n-th non-blank line of ``buf``."""
+    lead = len(buf) - len(buf.lstrip(" \t\r\n"))
+    if lead == len(buf):
         return None
-    # Leading newlines (a completion that starts on the next line) do not count.
-    while start < len(buf) and buf[start] in "\r\n":
-        start += 1
-    i = start - 1
+    # Leading blank lines (a completion that starts on the next line) do not count, however the
+    # text arrived: the first line starts after the last newline of the leading blanks.
+    i = buf.rfind("\n", 0, lead)
     for _ in range(n):
         i = buf.find("\n", i + 1)
         if i < 0:

@@ -164,8 +164,8 @@ def wrap(normalized: bytes, n_stream: int) -> bytes:
     """Frame a normalized state for a context with ``n_stream`` KV streams."""
     blob = parse_normalized(normalized)
     empty = _U32.pack(0) * (n_stream - 1)
-    return _PREFIX.pack(IO_MAGIC, 0) + b"".join(_U32.pack(n_stream) + (blob.data[s.start:s.end] if s else _U32.pack(0)) + empty
-                    for s in blob.sections)
+    return _PREFIX.pack(IO_MAGIC, 0) + b"".join(
+        _U32.pack(n_stream) + (blob.data[s.start:s.end] if s else _U32.pack(0)) + empty for s in blob.sections)
 
 
 def positions(normalized: bytes) -> list[np.ndarray]:

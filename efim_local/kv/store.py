@@ -357,7 +357,8 @@ class StateStore(Tiers):
     def stats(self) -> dict:
         self.flush_counts()
         rows = self.index.rows()
-        tiers = {t: {"states": sum(r["tier"] == t for r in rows), "bytes": sum(r["bytes"] for r in rows if r["tier"] == t)}
+        tiers = {t: {"states": sum(r["tier"] == t for r in rows),
+                     "bytes": sum(r["bytes"] for r in rows if r["tier"] == t)}
                  for t in ("ram", "disk")}
         tiers["ram"]["budget_bytes"] = int(self.cfg.ram_mb * MB)
         tiers["disk"]["budget_bytes"] = int(self.cfg.disk_mb * MB)

@@ -9,9 +9,13 @@ to its most-selected cells, then evicted.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from . import stateformat
 from ..errors import StateFileError
+
+if TYPE_CHECKING:
+    from .store import Entry
 
 MB = 1 << 20
 

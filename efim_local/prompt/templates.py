@@ -30,8 +30,10 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "qwen": Family("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
                    stops=("<|fim_pad|>", "<|endoftext|>", "<|file_sep|>", "<|repo_name|>")),
-    "deepseek": Family("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", stops=("<｜end▁of▁sentence｜>", "<|EOT|>")),
-    "starcoder": Family("<fim_prefix>", "<fim_suffix>", "<fim_middle>", stops=("<fim_pad>", "<|endoftext|>", "<file_sep>")),
+    "deepseek": Family("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>",
+                       stops=("<｜end▁of▁sentence｜>", "<|EOT|>")),
+    "starcoder": Family("<fim_prefix>", "<fim_suffix>", "<fim_middle>",
+                        stops=("<fim_pad>", "<|endoftext|>", "<file_sep>")),
     "codellama": Family("▁<PRE>", "▁<SUF>", "▁<MID>", stops=("▁<EOT>",)),
     "codestral": Family("[PREFIX]", "[SUFFIX]", None, order="spm"),
     "codegemma": Family("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", stops=("<|file_separator|>",)),

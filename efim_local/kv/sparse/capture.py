@@ -73,7 +73,8 @@ class QKCapture:
             return False
         tensor = ctypes.cast(t, ctypes.POINTER(_Tensor)).contents
         m = _NAME.match(tensor.name)
-        if m is None or m.group(1) not in self.kinds or (self.layers is not None and int(m.group(2)) not in self.layers):
+        if m is None or m.group(1) not in self.kinds or (
+                self.layers is not None and int(m.group(2)) not in self.layers):
             return False
         if ask:
             return True

@@ -49,7 +49,8 @@ class SparseRestorer:
             if whole:
                 out.append(None if s is None else np.ones(s.cell_count, bool))
                 continue
-            out.append(None if s is None else (window_mask(s.pos, self.n_swa) if self.n_swa else np.ones(s.cell_count, bool)))
+            out.append(None if s is None else (
+                window_mask(s.pos, self.n_swa) if self.n_swa else np.ones(s.cell_count, bool)))
         return out
 
     def load(self, seq: int, blob: kvblob.Blob, first: np.ndarray) -> int:

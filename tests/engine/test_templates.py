@@ -1,3 +1,5 @@
+"""FIM templates resolved against the tiny model's real vocabulary."""
+
 from efim_local.prompt import templates
 from efim_local.training.bpe import FILE_SEP, FIM_MID, FIM_PAD, FIM_PRE, FIM_SUF
 from efim_local.prompt.planner import FileSession, Planner
@@ -17,11 +19,6 @@ def test_family_lookup_by_token_text(model):
     assert t.markers.suf == (model.token_id(FIM_SUF),) and t.markers.order == "spm"
     plan = Planner(model.tokenize, t.markers).plan(FileSession(), "ab\ncd", 4, "efim")
     assert plan.tokens[0] == model.token_id(FIM_SUF)
-
-
-def test_every_family_names_three_markers_or_spm():
-    for name, fam in templates.FAMILIES.items():
-        assert fam.pre and fam.suf and (fam.mid or fam.order == "spm"), name
 
 
 def test_text_template(model):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from .conftest import efim_cli
+from tests.helpers import efim_cli
 
 DOC = "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n"
 

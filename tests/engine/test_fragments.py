@@ -1,4 +1,4 @@
-"""Fragment tokenization and training samples (pure Python, real tokenizer of the tiny GGUF)."""
+"""Fragment tokenization and training samples with the real tokenizer of the tiny GGUF."""
 
 import random
 
@@ -11,18 +11,6 @@ from efim_local.training.bpe import EOT, FIM_MID, FIM_PRE, FIM_SUF
 
 def specials(model):
     return F.Specials(*(model.token_id(t) for t in (FIM_PRE, FIM_SUF, FIM_MID, EOT)))
-
-
-@given(text=st.text(max_size=300), seed=st.integers(0, 2 ** 32), rate=st.sampled_from([0.0, 0.05, 0.3, 1.0]))
-def test_fragments_concatenate_back(text, seed, rate):
-    parts = F.split_fragments(text, random.Random(seed), rate)
-    assert "".join(parts) == text and all(parts)
-
-
-def test_fragments_cut_mid_word():
-    parts = F.split_fragments("def fibonacci_number(n):\n" * 40, random.Random(1), 1 / 8)
-    assert len(parts) > 40
-    assert any(p[-1].isalnum() and q[0].isalnum() for p, q in zip(parts, parts[1:]))  # a word split in two
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

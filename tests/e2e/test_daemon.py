@@ -14,52 +14,10 @@ from hypothesis import strategies as st
 
 from efim_local import errors as P
 from efim_local.errors import EfimError
-from efim_local.daemon.client import Client
-from efim_local.errors import DaemonUnavailable
 
-from .conftest import ROOT
-from .test_engine import SOURCES
+from tests.helpers import ROOT, SOURCES, Daemon
 
 LONG = SOURCES[6][:6000]
-
-
-class Daemon:
-    def __init__(self, tmp, model, *extra):
-        self.sock = tmp / "run" / "efim.sock"
-        self.env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
-        self.args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(self.sock),
-                     "--model", str(model), "--n-ctx", "2048", *extra]
-        self.proc = None
-
-    def start(self):
-        self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with Client(self.sock, timeout=5) as c:
-                    c.call("status")
-                return self
-            except (DaemonUnavailable, OSError):
-                if self.proc.poll() is not None:
-                    raise RuntimeError(self.proc.stderr.read().decode())
-                time.sleep(0.05)
-        raise RuntimeError("daemon did not start")
-
-    def client(self, timeout=60):
-        return Client(self.sock, timeout=timeout)
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            try:
-                with self.client(5) as c:
-                    c.call("shutdown")
-            except (DaemonUnavailable, OSError):
-                pass
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -212,33 +170,76 @@ REQUESTS = st.fixed_dictionaries({"jsonrpc": st.sampled_from(["2.0", "2.0", "1.0
                                   "method": st.sampled_from(["complete", "didOpen", "didChange", "didClose", "cancel", "status", "nope", 5]),
                                   "params": st.one_of(PARAMS, JSONISH)},
                                  optional={"id": st.one_of(st.integers(-5, 10 ** 20), st.text(max_size=5), st.none(), st.lists(st.integers()))})
-FRAMES = st.one_of(
+GARBAGE = st.one_of(
     st.binary(max_size=64).map(lambda b: b.replace(b"\n", b" ")),
     JSONISH.map(lambda v: json.dumps(v).encode()),
     REQUESTS.map(lambda v: json.dumps(v).encode()),
 )
+# Well-formed requests that reach the handlers and the engine, on two documents: the daemon must
+# answer each one that has an id exactly once (a result or an error: invalid range, busy, cancelled...).
+FZ_PATH = st.sampled_from(["fz1.py", "fz2.py"])
+FZ_TEXT = st.text("ab (\n\té", max_size=30)
+FZ_POS = st.fixed_dictionaries({"line": st.integers(0, 3), "character": st.integers(0, 6)})
+VALID = st.one_of(
+    st.tuples(st.just("didOpen"), st.fixed_dictionaries({"path": FZ_PATH, "text": FZ_TEXT, "version": st.integers(0, 9)})),
+    st.tuples(st.just("didChange"), st.fixed_dictionaries({"path": FZ_PATH, "contentChanges": st.lists(
+        st.fixed_dictionaries({"range": st.fixed_dictionaries({"start": FZ_POS, "end": FZ_POS}), "text": FZ_TEXT}),
+        max_size=2)})),
+    st.tuples(st.just("didClose"), st.fixed_dictionaries({"path": FZ_PATH})),
+    st.tuples(st.just("cursor"), st.fixed_dictionaries({"path": FZ_PATH, "position": FZ_POS})),
+    st.tuples(st.just("complete"), FZ_TEXT.flatmap(lambda t: st.fixed_dictionaries({
+        "path": FZ_PATH, "text": st.just(t), "offset": st.integers(0, len(t)), "max_tokens": st.integers(0, 2),
+        "layout": st.sampled_from(["efim", "fim"]), "stream": st.booleans()}))),
+    st.tuples(st.just("complete"), st.fixed_dictionaries({"path": FZ_PATH, "position": FZ_POS,
+                                                          "max_tokens": st.integers(0, 2)})),
+    st.tuples(st.just("cancel"), st.fixed_dictionaries({"id": st.integers(0, 49).map(lambda k: f"valid-{k}")})),
+    st.tuples(st.just("status"), st.just({})),
+)
+FRAMES = st.one_of(GARBAGE.map(lambda b: ("raw", b)), st.tuples(VALID, st.booleans()).map(lambda v: ("valid", *v)))
+CODES = {P.PARSE_ERROR, P.INVALID_REQUEST, P.METHOD_NOT_FOUND, P.INVALID_PARAMS, P.BUSY, P.MODEL_ERROR,
+         P.REQUEST_TOO_LARGE, P.CANCELLED}  # never INTERNAL_ERROR: that is a bug
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[
+@settings(max_examples=60, suppress_health_check=[
     HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(frames=st.lists(FRAMES, min_size=50, max_size=50))
 def test_fuzz_daemon_survives(daemon, frames):
-    """200 examples x 50 frames = 10,000 random and malformed frames."""
+    """60 examples x 50 frames: random and malformed frames mixed with well-formed requests."""
+    wire, expected = [], set()
+    for k, frame in enumerate(frames):
+        if frame[0] == "raw":
+            wire.append(frame[1])
+            continue
+        (method, params), notify = frame[1:]
+        msg = {"jsonrpc": "2.0", "method": method, "params": params}
+        if not notify:
+            msg["id"] = f"valid-{k}"
+            expected.add(msg["id"])
+        wire.append(json.dumps(msg).encode())
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(daemon.sock))
         s.settimeout(60)
         probe = b'{"jsonrpc": "2.0", "id": "probe-after-fuzz", "method": "status"}\n'
-        s.sendall(b"\n".join(frames) + b"\n" + probe)
+        s.sendall(b"\n".join(wire) + b"\n" + probe)
         f = s.makefile("rb")
-        while True:
+        replied, probed = [], False
+        while not probed or not expected <= set(replied):  # deferred completions may answer after the probe
             line = f.readline()
             assert line, "daemon closed the connection"
             msg = json.loads(line)
+            if "id" not in msg:
+                assert msg.get("method"), msg  # a notification (streamed text)
+                continue
+            assert msg["jsonrpc"] == "2.0" and ("result" in msg) != ("error" in msg), msg
             if "error" in msg:
-                assert isinstance(msg["error"]["code"], int) and "Traceback" not in msg["error"]["message"]
-            if msg.get("id") == "probe-after-fuzz":
+                err = msg["error"]
+                assert err["code"] in CODES and "Traceback" not in err["message"] and "\n" not in err["message"], msg
+            if msg["id"] == "probe-after-fuzz":
                 assert msg["result"]["pid"] > 0
-                break
+                probed = True
+            elif isinstance(msg["id"], str) and msg["id"].startswith("valid-"):
+                replied.append(msg["id"])
+    assert sorted(replied) == sorted(expected)  # each request exactly one reply
     assert daemon.proc.poll() is None
 
 

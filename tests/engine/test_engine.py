@@ -1,18 +1,13 @@
 """Engine tests: real llama.cpp inference on the tiny GGUF."""
 
-import random
-
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine.engine import CompletionRequest, Engine
-from efim_local.engine.stream import StopRules, TextStream
-from efim_local.training.corpus import read_texts, stdlib_files
+from efim_local.prompt import planner as P
 
-from .conftest import small_config
-
-SOURCES = [t for t in read_texts(stdlib_files(600_000)) if len(t) > 6000]
+from tests.helpers import EDIT, SOURCES, apply, small_config
 
 
 @pytest.fixture(scope="module", params=["llama", "swa"])
@@ -100,54 +95,77 @@ def test_sampling_is_seeded(tiny_model):
     engine.close()
 
 
-def test_text_stream_utf8_and_stop_strings():
-    s = TextStream(StopRules(stop_strings=("<END>",)))
-    out = "".join(s.feed(b) for b in [b"a\xe6", b"\x97", b"\xa5 <E", b"N", b"D> tail"])
-    assert out == "a日 " and s.stop_reason == "stop_string" and s.text == "a日 "
-    s = TextStream(StopRules(stop_strings=("<END>",)))
-    out = "".join(s.feed(b) for b in [b"x <E", b"nd"]) + s.finish()
-    assert out == "x <End" and s.stop_reason is None
-    s = TextStream(StopRules(stop_at_newline=True))
-    out = "".join(s.feed(b) for b in [b"\n", b"  foo", b"(1)\n", b"bar"])
-    assert out == "\n  foo(1)" and s.stop_reason == "newline"
+# -- exactness: reused KV gives the tokens of a cold run ------------------------------------------
+
+# One editing session through every kind of edit, with the planner path each must take:
+# (what the user does, as an EDIT computed from the document, cursor and anchor; the re-anchor reason).
+SCRIPT = [
+    (lambda d, c, a: ("move", 0), P.NEW_SESSION),
+    (lambda d, c, a: ("type", "x = f(a"), None),  # typing: the middle grows
+    (lambda d, c, a: ("type", "é\t"), None),  # multi-byte and tab
+    (lambda d, c, a: ("backspace", 2), None),  # backspace within the middle
+    (lambda d, c, a: ("type", ")\n    y"), None),  # a newline typed keeps the anchor
+    (lambda d, c, a: ("move", 0), None),  # the same request again
+    (lambda d, c, a: ("backspace", c - P.line_start(d, c) + 1), None),  # backspace joins lines typed since
+    (lambda d, c, a: ("backspace", c - a + 1), P.CURSOR_BEFORE_ANCHOR),  # backspace past the anchor
+    (lambda d, c, a: ("move", -300), P.CURSOR_BEFORE_ANCHOR),  # cursor moved up, before the anchor
+    (lambda d, c, a: ("move", 7), P.SUFFIX_CHANGED),  # cursor moved forward over the suffix
+    (lambda d, c, a: ("insert_far", 0, "# header\n"), P.EDIT_BEFORE_ANCHOR),  # far insert before the cursor
+    (lambda d, c, a: ("delete_far", c + 400, 20), P.SUFFIX_CHANGED),  # far delete after the cursor
+    (lambda d, c, a: ("delete_far", 10, 5), P.EDIT_BEFORE_ANCHOR),  # far delete before the cursor
+    (lambda d, c, a: ("insert_far", c + 300, "z = 1\n"), P.SUFFIX_CHANGED),  # far insert after the cursor
+    (lambda d, c, a: ("type", "q"), None),
+]
 
 
-EDIT = st.one_of(
-    st.tuples(st.just("type"), st.text("abcdef _().:=\n\té", min_size=1, max_size=6)),
-    st.tuples(st.just("backspace"), st.integers(1, 4)),
-    st.tuples(st.just("move"), st.integers(-200, 200)),
-    st.tuples(st.just("insert_far"), st.integers(0, 10_000), st.text("xyz\n#", min_size=1, max_size=5)),
-    st.tuples(st.just("delete_far"), st.integers(0, 10_000), st.integers(1, 20)),
-)
+@pytest.mark.parametrize("layout", ["efim", "fim"])
+def test_every_edit_kind_reuses_kv_exactly(engine, reference, layout):
+    """A scripted session: each edit takes its planner path, and every answer equals a cold run."""
+    doc = SOURCES[2][1000:3400]
+    cur = doc.index("\n", 1200) + 1
+    path = f"script-{layout}.py"
+    engine.forget(path)
+    for i, (step, want) in enumerate(SCRIPT):
+        anchor = engine.session(path).anchor
+        edit = step(doc, cur, anchor.offset if anchor else 0)
+        doc, cur = apply(doc, cur, edit)
+        req = CompletionRequest(doc, cur, path=path, layout=layout, max_tokens=6)
+        warm = engine.complete(req)
+        assert warm.reanchor == want, (i, edit)
+        if want is None:
+            assert warm.tokens.cached > 0, (i, edit)  # the anchor was kept, and so was its KV
+        plan = engine.plan(req)
+        assert plan.reanchor is None
+        assert warm.token_ids == cold(reference, plan.tokens, max_tokens=6).token_ids, (i, edit, warm.tokens)
+        assert warm.tokens.prompt == len(plan.tokens)
 
 
-def apply(doc, cur, edit):
-    kind = edit[0]
-    if kind == "type":
-        return doc[:cur] + edit[1] + doc[cur:], cur + len(edit[1])
-    if kind == "backspace":
-        k = min(edit[1], cur)
-        return doc[:cur - k] + doc[cur:], cur - k
-    if kind == "move":
-        return doc, max(0, min(len(doc), cur + edit[1]))
-    pos = edit[1] % (len(doc) + 1)
-    if kind == "insert_far":
-        return doc[:pos] + edit[2] + doc[pos:], cur + len(edit[2]) if pos <= cur else cur
-    k = min(edit[2], len(doc) - pos)
-    new = doc[:pos] + doc[pos + k:]
-    return new, cur if cur <= pos else max(pos, cur - k)
+# Few examples (derandomized, like every Hypothesis test here: tests/conftest.py), each a whole
+# editing session; the scripted test above and the explicit examples below cover each edit kind.
+EXACT = settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@EXACT
 @given(src=st.integers(0, len(SOURCES) - 1), start=st.integers(0, 5000), size=st.integers(50, 2500),
-       edits=st.lists(EDIT, min_size=1, max_size=8), layout=st.sampled_from(["efim", "fim"]),
+       at=st.integers(0, 2500), edits=st.lists(EDIT, min_size=1, max_size=8), layout=st.sampled_from(["efim", "fim"]),
        path=st.sampled_from(["p1.py", "p2.py", "p3.py", "p4.py"]))
-def test_reused_kv_is_token_identical_to_empty_cache(engine, reference, src, start, size, edits, layout, path):
+# The important edit kinds, whatever the generator draws (4 files share 3 slots):
+@example(src=0, start=1000, size=1500, at=700, layout="efim", path="p1.py",
+         edits=[("type", "x = f(a"), ("type", "b)\n"), ("type", "é"), ("backspace", 4)])  # typing, backspace
+@example(src=1, start=0, size=2000, at=1500, layout="fim", path="p2.py",
+         edits=[("type", "ab"), ("backspace", 3), ("move", -150), ("move", 60)])  # cursor before the anchor, back
+@example(src=3, start=2000, size=2500, at=1200, layout="efim", path="p3.py",
+         edits=[("insert_far", 10, "#\n"), ("delete_far", 2200, 20), ("type", "x")])  # far insert, far delete
+@example(src=4, start=500, size=2500, at=2400, layout="fim", path="p4.py",
+         edits=[("delete_far", 100, 20), ("insert_far", 2450, "xyz\n"), ("type", "\n\t")])  # same, standard FIM
+@example(src=5, start=0, size=50, at=0, layout="efim", path="p1.py",
+         edits=[("backspace", 4), ("type", "\n"), ("move", 200)])  # a tiny document, cursor at both ends
+def test_reused_kv_is_token_identical_to_empty_cache(engine, reference, src, start, size, at, edits, layout, path):
     """Exactness contract: any amount of slot reuse gives the same greedy tokens as a cold run."""
     text = SOURCES[src]
     start %= max(1, len(text) - 50)
     doc = text[start:start + size]
-    cur = random.Random(start).randint(0, len(doc))
+    cur = at % (len(doc) + 1)
     for edit in [("move", 0), *edits]:
         doc, cur = apply(doc, cur, edit)
         req = CompletionRequest(doc, cur, path=path, layout=layout, max_tokens=6)

@@ -13,7 +13,9 @@ from efim_local.kv.sparse.select import SelectConfig, Unsupported
 from efim_local.kv import kvblob
 from efim_local.kv.fingerprint import model_fingerprint
 
-TEXT = open(__file__.replace("test_infinigen.py", "../efim_local/prompt/planner.py"), encoding="utf-8").read() * 3
+from tests.helpers import ROOT, small_config
+
+TEXT = (ROOT / "efim_local" / "prompt" / "planner.py").read_text("utf-8") * 3
 
 
 @pytest.fixture(scope="module", params=["llama", "swa"])
@@ -116,32 +118,6 @@ def test_sidecar_round_trip_and_rejections(calibrated, tmp_path):
         skew_mod.Skew.load(tmp_path / "junk.npz", fp)
 
 
-def test_choose_keeps_sinks_recent_and_the_budget():
-    pos = np.random.default_rng(0).permutation(1000).astype(np.int32)
-    scores = -np.abs(np.random.default_rng(1).normal(0, 3, 1000))
-    for policy in select.POLICIES:
-        cfg = SelectConfig(budget=0.2, sinks=4, recent=32, policy=policy)
-        keep = select.choose(pos, cfg, scores if policy in ("infinigen", "noskew", "oracle") else None)
-        kept = np.sort(pos[keep])
-        assert keep.sum() <= 200
-        if policy == "recency":
-            assert np.array_equal(kept, np.arange(800, 1000))
-            continue
-        assert set(range(4)) <= set(kept) and set(range(968, 1000)) <= set(kept)
-        if policy == "sinks+recency":
-            assert keep.sum() == 200
-        else:  # the rest is the best-scoring cells within max - alpha
-            rest = keep & (pos >= 4) & (pos < 968)
-            others = ~keep & (pos >= 4) & (pos < 968)
-            assert (scores[rest] >= -4).all() and scores[rest].min() >= scores[others & (scores >= -4)].max(initial=-99)
-    # Ranked by another key (attention mass): the best of it among the cells within max - alpha.
-    mass = np.random.default_rng(2).random(1000)
-    keep = select.choose(pos, SelectConfig(budget=0.2, sinks=4, recent=32), scores, mass)
-    rest, others = keep & (pos >= 4) & (pos < 968), ~keep & (pos >= 4) & (pos < 968) & (scores >= -4)
-    assert keep.sum() == 200 and mass[rest].min() >= mass[others].max()
-    assert not np.array_equal(keep, select.choose(pos, SelectConfig(budget=0.2, policy="recency")))
-
-
 def test_sparse_restore_holds_exactly_the_chosen_positions(calibrated):
     path, sk, _ = calibrated
     s = Session(path)
@@ -191,8 +167,6 @@ def test_engine_sparse_restore_is_opt_in_reported_and_never_saved(calibrated, tm
     from efim_local.engine.engine import CompletionRequest, Engine
     from efim_local.kv import StoreConfig
 
-    from .conftest import small_config
-
     path, sk, fp = calibrated
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     sk.save(skew_mod.sidecar_path(skew_mod.default_dir(), fp))
@@ -230,8 +204,6 @@ def test_disk_pressure_shrinks_long_states_before_evicting(calibrated, tmp_path,
     from efim_local.engine.engine import CompletionRequest, Engine
     from efim_local.kv import StoreConfig
 
-    from .conftest import small_config
-
     path, sk, fp = calibrated
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     sk.save(skew_mod.sidecar_path(skew_mod.default_dir(), fp))
@@ -268,8 +240,6 @@ def test_support_matrix_reasons(tiny_model, tmp_path, monkeypatch):
     from efim_local.engine.engine import CompletionRequest, Engine
     from efim_local.kv.sparse.sparse import SparseMode
     from efim_local.kv import StoreConfig
-
-    from .conftest import small_config
 
     class OtherArch:  # what SparseMode reads of a model
         n_swa = 0

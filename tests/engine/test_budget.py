@@ -9,7 +9,7 @@ from efim_local.engine.speed import PrefillSpeed
 from efim_local.errors import Cancelled
 from efim_local.training.corpus import read_texts, stdlib_files
 
-from .conftest import small_config
+from tests.helpers import small_config
 
 DOCS = [t[:6000] for t in read_texts(stdlib_files(400_000)) if len(t) > 6000][:4]
 MS_PER_TOKEN = 1.0  # the injected speed: 1 ms per new token, context free
@@ -31,16 +31,6 @@ def reference(tiny_model):
 def fixed_speed(engine):
     engine.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
     engine.clear_slots()
-
-
-def test_speed_model_learns_per_token_and_context_costs():
-    s = PrefillSpeed()
-    assert not s.known and s.max_new(100) > 1e6  # unknown: no limit
-    for n, c in ((64, 0), (192, 64), (100, 1000), (300, 2000)):
-        s.observe(n, c, n * (2.0 + 0.001 * (c + n / 2)))
-    assert s.a == pytest.approx(2.0, rel=1e-6) and s.b == pytest.approx(0.001, rel=1e-6)
-    n = s.max_new(500, 1000)
-    assert s.predict_ms(n, 1000) <= 500 < s.predict_ms(n + 1, 1000)
 
 
 @settings(max_examples=12, deadline=None, derandomize=True,

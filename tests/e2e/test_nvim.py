@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from .conftest import ROOT
-from .test_daemon import Daemon
+from tests.helpers import ROOT, Daemon
 
 pynvim = pytest.importorskip("pynvim")
 pytestmark = pytest.mark.skipif(shutil.which("nvim") is None, reason="nvim is not installed (make test installs it)")

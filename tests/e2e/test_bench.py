@@ -1,0 +1,38 @@
+"""`efim bench` end to end: the trace replayed over real daemons, and the library report of `efim status`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from efim_local.bench import peers, replay
+
+
+def test_replay_through_efim_daemons(tiny_model, tmp_path):
+    server = Path(os.environ.get("EFIM_LLAMA_SERVER", peers.SERVER_BIN))
+    cfg = replay.ReplayConfig(tiny_model, max_requests=8, max_tokens=4, n_ctx=4096, threads=2, server=server)
+    res = replay.run(cfg)
+    by = {s["backend"]: s for s in res["summary"]}
+    efim, fim = by["efim daemon EFIM"], by["efim daemon FIM"]
+    assert efim["requests"] == fim["requests"] == 8
+    # FIM recomputes the suffix on every keystroke; EFIM computes only what was typed.
+    assert efim["evaluated_p50"] * 10 < fim["evaluated_p50"]
+    if server.exists():
+        assert by["llama-server /infill"]["requests"] == by["llama-server /completion EFIM"]["requests"] == 8
+        assert by["llama-server /completion EFIM"]["evaluated_p50"] * 10 < by["llama-server /infill"]["evaluated_p50"]
+    else:
+        assert "make server" in res["notes"][0]
+
+
+def test_status_reports_a_custom_library(tiny_model):
+    import llama_cpp
+
+    libdir = Path(llama_cpp.__file__).parent / "lib"
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(libdir))
+    out = subprocess.run([sys.executable, "-m", "efim_local.cli", "status", "--json", "--model", str(tiny_model),
+                          "--flash-attn", "--no-offload-kqv", "--main-gpu", "0"],
+                         env=env, capture_output=True, text=True, check=True)
+    info = json.loads(out.stdout)
+    assert info["library_source"] == f"LLAMA_CPP_LIB_PATH={libdir}"
+    assert Path(info["library"]).parent == libdir and info["gpu_offload"] is False

@@ -1,0 +1,38 @@
+"""The reuse seam: typed hit and miss events, counted by the store and reported."""
+
+from efim_local.engine import CompletionRequest, Engine
+from efim_local.kv import StoreConfig
+
+from ..helpers import small_config
+
+DOC = "import os\n\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):\n        yield root\n" * 12
+
+
+def test_same_text_planned_into_other_tokens_is_a_tokenization_miss(tmp_path, tiny_model):
+    """The content hash saved with each state tells 'tokenization_differs' from 'no_state'."""
+    sc = StoreConfig(tmp_path / "kv", ram_mb=0, disk_mb=64, min_tokens=16)
+    cur = DOC.index("yield")
+    with Engine(small_config(), tiny_model, store=sc) as e:  # the GGUF's FIM tokens
+        e.complete(CompletionRequest(DOC, cur, path="walk.py"))
+    # The same document with text markers: the saved tokens cannot serve it, and the store says why.
+    with Engine(small_config(fim_template="<PRE>,<SUF>,<MID>"), tiny_model, store=sc) as e:
+        out = e.complete(CompletionRequest(DOC, cur, path="walk.py"))
+        assert out.cache_tier == "none"
+        other = e.complete(CompletionRequest(DOC.replace("walk", "scan"), cur, path="scan.py"))
+        assert other.cache_tier == "none"
+        misses = e.store.stats()["misses"]
+        assert misses["tokenization_differs"] == 1 and misses["no_state"] == 2, misses
+
+
+def test_hits_per_tier_are_counted_and_reported(tmp_path, tiny_model):
+    sc = StoreConfig(tmp_path / "kv", ram_mb=64, disk_mb=64, min_tokens=16)
+    cur = DOC.index("yield")
+    with Engine(small_config(n_slots=1), tiny_model, store=sc) as e:
+        e.complete(CompletionRequest(DOC, cur, path="a.py"))  # miss: nothing saved yet
+        e.complete(CompletionRequest(DOC, cur, path="a.py"))  # the live slot
+        e.complete(CompletionRequest(DOC.replace("os", "sys"), cur, path="b.py"))  # evicts a.py's slot to RAM
+        ram = e.complete(CompletionRequest(DOC, cur, path="a.py"))
+        assert ram.cache_tier == "ram" and ram.tokens.evaluated <= 2
+        st = e.status()["store"]
+        assert st["hits"]["slot"] >= 1 and st["hits"]["ram"] == 1 and st["misses"]["no_state"] == 2
+        assert {"sparse_restores", "shrunk_disk", "evicted_disk", "dropped"} <= set(st)

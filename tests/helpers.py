@@ -1,0 +1,129 @@
+"""Helpers shared by the test tiers (fixtures live in conftest.py).
+
+Test modules import from here, never from each other. Importing this module is cheap: nothing
+here loads llama.cpp or a model until a helper is called.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from functools import cache
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+from efim_local.config import Config, ContextParams
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def small_config(**kw) -> Config:
+    """A Config for the tiny models: small context, a few slots, 2 threads, 8 tokens out."""
+    ctx = dict(n_ctx_seq=1024, n_slots=3, n_batch=64, n_threads=2)
+    ctx.update({k: kw.pop(k) for k in list(kw) if k in ContextParams.__dataclass_fields__})
+    return Config(context=ContextParams(**ctx), max_tokens=8, **kw)
+
+
+def efim_cli(*args, input=None, env=None) -> subprocess.CompletedProcess:
+    """``efim ARGS`` in a subprocess (bytes out), from the repository root."""
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "efim_local.cli", *args], input=input,
+                          capture_output=True, env=e, cwd=ROOT, timeout=120)
+
+
+# -- source texts -----------------------------------------------------------------------------
+@cache
+def sources() -> tuple[str, ...]:
+    """Standard-library sources longer than 6000 characters, in a fixed order (12 of them)."""
+    from efim_local.training.corpus import read_texts, stdlib_files
+
+    return tuple(t for t in read_texts(stdlib_files(600_000)) if len(t) > 6000)
+
+
+def __getattr__(name):  # ``SOURCES`` is computed on first use, so unit tests never pay for it
+    if name == "SOURCES":
+        return sources()
+    raise AttributeError(name)
+
+
+# -- editing a document like a user -----------------------------------------------------------
+EDIT = st.one_of(
+    st.tuples(st.just("type"), st.text("abcdef _().:=\n\té", min_size=1, max_size=6)),
+    st.tuples(st.just("backspace"), st.integers(1, 4)),
+    st.tuples(st.just("move"), st.integers(-200, 200)),
+    st.tuples(st.just("insert_far"), st.integers(0, 10_000), st.text("xyz\n#", min_size=1, max_size=5)),
+    st.tuples(st.just("delete_far"), st.integers(0, 10_000), st.integers(1, 20)),
+)
+
+
+def apply(doc: str, cur: int, edit: tuple) -> tuple[str, int]:
+    """One EDIT applied to (document, cursor): the new document and cursor."""
+    kind = edit[0]
+    if kind == "type":
+        return doc[:cur] + edit[1] + doc[cur:], cur + len(edit[1])
+    if kind == "backspace":
+        k = min(edit[1], cur)
+        return doc[:cur - k] + doc[cur:], cur - k
+    if kind == "move":
+        return doc, max(0, min(len(doc), cur + edit[1]))
+    pos = edit[1] % (len(doc) + 1)
+    if kind == "insert_far":
+        return doc[:pos] + edit[2] + doc[pos:], cur + len(edit[2]) if pos <= cur else cur
+    if kind == "delete_far":
+        k = min(edit[2], len(doc) - pos)
+        new = doc[:pos] + doc[pos + k:]
+        return new, cur if cur <= pos else max(pos, cur - k)
+    raise ValueError(f"unknown edit {kind!r}")
+
+
+# -- a daemon in a subprocess -------------------------------------------------------------------
+class Daemon:
+    """``efim serve`` on its own socket and state directories, in a subprocess."""
+
+    def __init__(self, tmp: Path, model: Path, *extra: str):
+        self.sock = tmp / "run" / "efim.sock"
+        self.env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+        self.args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(self.sock),
+                     "--model", str(model), "--n-ctx", "2048", *extra]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Daemon":
+        from efim_local.daemon.client import Client
+        from efim_local.errors import DaemonUnavailable
+
+        self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with Client(self.sock, timeout=5) as c:
+                    c.call("status")
+                return self
+            except (DaemonUnavailable, OSError):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(self.proc.stderr.read().decode()) from None
+                time.sleep(0.05)
+        raise RuntimeError("daemon did not start")
+
+    def client(self, timeout: float = 60):
+        from efim_local.daemon.client import Client
+
+        return Client(self.sock, timeout=timeout)
+
+    def stop(self) -> None:
+        from efim_local.errors import DaemonUnavailable
+
+        if self.proc and self.proc.poll() is None:
+            try:
+                with self.client(5) as c:
+                    c.call("shutdown")
+            except (DaemonUnavailable, OSError):
+                pass
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

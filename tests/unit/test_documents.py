@@ -1,0 +1,210 @@
+"""Editor-synced documents (didOpen / didChange / didClose) applied to the engine's per-file state."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from efim_local.daemon import documents as D
+from efim_local.daemon.documents import Documents
+from efim_local.engine.files import Files
+from efim_local.errors import InvalidParams
+
+
+def pos(line, character):
+    return {"line": line, "character": character}
+
+
+def rng(l0, c0, l1, c1):
+    return {"start": pos(l0, c0), "end": pos(l1, c1)}
+
+
+def lsp_position(text: str, offset: int) -> dict:
+    """The LSP position of an offset: 0-based line, character in code points."""
+    line = text.count("\n", 0, offset)
+    return pos(line, offset - (text.rfind("\n", 0, offset) + 1))
+
+
+@pytest.fixture
+def docs():
+    return Documents(Files())
+
+
+def opened(docs, text, path="a.py", version=1):
+    docs.open({"path": path, "text": text, "version": version})
+    return path
+
+
+def change(docs, path, *changes, **extra):
+    return docs.change({"path": path, "contentChanges": list(changes), **extra})
+
+
+# -- open, get, close -----------------------------------------------------------------------------
+def test_open_stores_the_text_in_the_engines_file_state(docs):
+    f = docs.open({"path": "a.py", "text": "x = 1\n", "version": 4})
+    assert (f.text, f.version, f.open) == ("x = 1\n", 4, True)
+    assert docs.files.get("a.py") is f and docs.text("a.py") == "x = 1\n"
+    assert docs.open({"path": "b.py", "text": ""}).version == 0  # version is optional
+
+
+def test_closed_and_unknown_documents_are_not_open(docs):
+    opened(docs, "x")
+    docs.close({"path": "a.py"})
+    docs.close({"path": "never-opened.py"})  # closing twice or unknown: nothing to do
+    for path in ("a.py", "never-opened.py"):
+        with pytest.raises(InvalidParams, match="document not open"):
+            docs.text(path)
+        with pytest.raises(InvalidParams, match="document not open"):
+            change(docs, path, {"text": "y"})
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"text": "x"}, "'path' is required"),
+    ({"path": 3, "text": "x"}, "'path' must be str"),
+    ({"path": "p" * (D.MAX_PATH + 1), "text": "x"}, "'path' is too long"),
+    ({"path": "a.py"}, "'text' is required"),
+    ({"path": "a.py", "text": 5}, "'text' must be str"),
+    ({"path": "a.py", "text": "x", "version": -1}, "'version' must be in"),
+    ({"path": "a.py", "text": "x", "version": "2"}, "'version' must be int"),
+])
+def test_open_validates_its_params(docs, params, message):
+    with pytest.raises(InvalidParams, match=message):
+        docs.open(params)
+    assert docs.files.get("a.py") is None
+
+
+def test_open_documents_are_limited(docs):
+    docs = Documents(Files(), limit=2)
+    opened(docs, "1", "a.py")
+    opened(docs, "2", "b.py")
+    opened(docs, "2b", "b.py")  # reopening an open document is not one more
+    with pytest.raises(InvalidParams, match="more than 2 open documents"):
+        opened(docs, "3", "c.py")
+    docs.close({"path": "a.py"})
+    opened(docs, "3", "c.py")
+    assert docs.files.n_open() == 2
+
+
+def test_documents_larger_than_the_limit_are_refused(docs, monkeypatch):
+    monkeypatch.setattr(D, "MAX_DOCUMENT_BYTES", 10)
+    with pytest.raises(InvalidParams, match="document larger than"):
+        opened(docs, "x" * 11)
+    opened(docs, "x" * 10)
+    with pytest.raises(InvalidParams, match="document larger than"):
+        change(docs, "a.py", {"range": rng(0, 0, 0, 0), "text": "y"})
+    assert docs.text("a.py") == "x" * 10
+
+
+def test_files_forget_closed_documents_first_and_never_open_ones():
+    files = Files(limit=3)
+    docs = Documents(files, limit=3)
+    for p in ("a.py", "b.py", "c.py"):
+        opened(docs, p, p)
+    docs.close({"path": "a.py"})
+    files.entry("d.py")  # one entry too many: the oldest closed file is forgotten
+    assert files.get("a.py") is None and files.n_open() == 2 and files.get("d.py") is not None
+    files.entry("b.py")  # used again: now the most recent
+    files.entry("e.py")
+    assert files.get("d.py") is None and [files.get(p).open for p in ("b.py", "c.py")] == [True, True]
+
+
+# -- incremental changes ------------------------------------------------------------------------------
+def test_incremental_changes_apply_in_order(docs):
+    path = opened(docs, "def f(x):\n    return x\n")
+    f = change(docs, path,
+               {"range": rng(0, 7, 0, 7), "text": ", y"},  # insert
+               {"range": rng(1, 11, 1, 12), "text": "x + y"},  # replace, on the text after the first change
+               {"range": rng(1, 4, 1, 4), "text": "z = 1\n    "})  # insert a line
+    assert f.text == "def f(x, y):\n    z = 1\n    return x + y\n" and f.version == 2
+    change(docs, path, {"range": rng(1, 0, 2, 0), "text": ""}, version=10)  # delete a whole line
+    assert docs.text(path) == "def f(x, y):\n    return x + y\n" and docs.files.get(path).version == 10
+    change(docs, path, {"text": "whole new text"})  # no range: the full text
+    assert docs.text(path) == "whole new text"
+
+
+def test_characters_are_code_points(docs):
+    path = opened(docs, "s = '日本🙂'\nx\n")
+    change(docs, path, {"range": rng(0, 7, 0, 8), "text": "🙃"})  # the emoji is one character
+    assert docs.text(path) == "s = '日本🙃'\nx\n"
+
+
+def test_crlf_line_ends(docs):
+    path = opened(docs, "ab\r\ncd\r\n")
+    change(docs, path, {"range": rng(0, 2, 0, 2), "text": "X"})  # the end of line 0 is before its CR
+    assert docs.text(path) == "abX\r\ncd\r\n"
+    change(docs, path, {"range": rng(0, 3, 1, 0), "text": ""})  # join the lines: CR and LF go together
+    assert docs.text(path) == "abXcd\r\n"
+    with pytest.raises(InvalidParams, match="past the end of line 1"):
+        change(docs, path, {"range": rng(0, 6, 0, 6), "text": "?"})  # between CR and LF is not a position
+    assert docs.text(path) == "abXcd\r\n"
+
+
+@pytest.mark.parametrize("ch,message", [
+    ({"range": rng(5, 0, 5, 0), "text": "x"}, "past the end of the document"),
+    ({"range": rng(0, 7, 0, 7), "text": "x"}, "past the end of line 1"),  # "ok abc" after the first
+    ({"range": rng(1, 0, 1, 9), "text": "x"}, "past the end of line 2"),
+    ({"range": rng(1, 1, 0, 1), "text": "x"}, "range end before start"),
+    ({"range": rng(0, 2, 0, 1), "text": "x"}, "range end before start"),
+    ({"range": rng(-1, 0, 0, 0), "text": "x"}, "'line' must be in"),
+    ({"range": {"start": pos(0, 0)}, "text": "x"}, "'end' is required"),
+    ({"range": {"start": pos(0, 0), "end": {"line": 0}}, "text": "x"}, "'character' is required"),
+    ({"range": {"start": pos(0, 0), "end": pos(0, True)}, "text": "x"}, "'character' must be int"),
+    ({"range": [0, 0], "text": "x"}, "'range' must be dict"),
+    ({"range": rng(0, 0, 0, 0)}, "'text' is required"),
+    ("x", "a content change must be an object"),
+])
+def test_bad_changes_are_refused_and_change_nothing(docs, ch, message):
+    path = opened(docs, "abc\ndef\n")
+    with pytest.raises(InvalidParams, match=message):
+        change(docs, path, {"range": rng(0, 0, 0, 0), "text": "ok "}, ch)  # a good change, then the bad one
+    f = docs.files.get(path)
+    assert (f.text, f.version) == ("abc\ndef\n", 1)  # all changes or none
+
+
+def test_change_params(docs):
+    path = opened(docs, "x")
+    with pytest.raises(InvalidParams, match="'contentChanges' is required"):
+        docs.change({"path": path})
+    with pytest.raises(InvalidParams, match="'contentChanges' must be list"):
+        docs.change({"path": path, "contentChanges": {"text": "y"}})
+    with pytest.raises(InvalidParams, match="too many content changes"):
+        change(docs, path, *[{"text": "y"}] * (D.MAX_CHANGES + 1))
+    assert docs.text(path) == "x"
+
+
+def test_a_bad_version_changes_nothing(docs):
+    path = opened(docs, "abc")
+    with pytest.raises(InvalidParams):
+        change(docs, path, {"range": rng(0, 0, 0, 0), "text": "x"}, version=-1)
+    assert docs.text(path) == "abc"
+
+
+EDITS = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 20), st.text("ab\n\r\té日🙂", max_size=6)),
+                 min_size=1, max_size=6)
+
+
+@given(text=st.text("ab \n\r\té日🙂", max_size=40), edits=EDITS)
+def test_incremental_changes_equal_splicing_the_text(text, edits):
+    """Any sequence of LSP range edits gives the text that splicing the strings gives."""
+    docs = Documents(Files())
+    path = opened(docs, text)
+    want, changes = text, []
+    for at, n, new in edits:
+        # Positions are offsets on a line; an offset between a CR and its LF is not one.
+        ok = [i for i in range(len(want) + 1) if not (0 < i < len(want) and want[i - 1] == "\r" and want[i] == "\n")]
+        start = ok[at % len(ok)]
+        end = next((i for i in ok if i >= min(start + n, len(want))), start)
+        changes.append({"range": {"start": lsp_position(want, start), "end": lsp_position(want, end)}, "text": new})
+        want = want[:start] + new + want[end:]
+    f = change(docs, path, *changes)
+    assert f.text == want and f.version == 2
+
+
+# -- positions --------------------------------------------------------------------------------------
+def test_position_to_offset():
+    text = "ab\ncd\r\n\nü"
+    assert [D.position({"p": pos(line, c)}, "p", text) for line, c in ((0, 0), (0, 2), (1, 2), (2, 0), (3, 1))] == \
+        [0, 2, 5, 7, 9]
+    with pytest.raises(InvalidParams, match="past the end of the document"):
+        D.position({"p": pos(4, 0)}, "p", text)
+    with pytest.raises(InvalidParams, match="'p' is required"):
+        D.position({}, "p", text)

@@ -1,0 +1,194 @@
+"""The EFIM planner with a fake tokenizer (pure Python; tests/engine/test_planner.py uses the real one).
+
+The fake tokenizer is greedy longest-match over a few multi-character tokens, so, like BPE, the
+tokens of a text depend on its neighbours: "ab" + "c" is not "abc". A planner that tokenized the
+whole document, or cut pieces at the wrong place, gives other tokens than the pieces on their own.
+"""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from efim_local.errors import PlanError
+from efim_local.prompt import planner as P
+from efim_local.prompt.planner import FileSession, Markers, Planner, PlannerLimits
+
+PIECES = ["def ", "    ", "abc", "ab", "bc", "XYZ", "\r\n", "()", "= ", "日本", "\n\n"]
+IDS = {s: 10 + i for i, s in enumerate(PIECES)}
+LONGEST = max(map(len, PIECES))
+
+
+def tokenize(text: str) -> list[int]:
+    out, i = [], 0
+    while i < len(text):
+        for n in range(min(LONGEST, len(text) - i), 1, -1):
+            if text[i:i + n] in IDS:
+                out.append(IDS[text[i:i + n]])
+                i += n
+                break
+        else:
+            out.append(1000 + ord(text[i]))
+            i += 1
+    return out
+
+
+MARKERS = [Markers((1,), (2,), (3,)), Markers((1,), (2,), (3,), "spm"),
+           Markers((1, 5), (2, 6), (3, 7), "psm", bos=(4,)),  # text markers of several tokens, and a BOS
+           Markers((1,), (2,), (), "spm", bos=(4,))]  # no middle marker (Codestral)
+ALPHABET = st.sampled_from(list("abc XYZ_()=:.,\t\n\r") + ["é", "日本", "🙂", "def ", "    ", "\r\n"])
+docs = st.lists(ALPHABET, max_size=60).map("".join)
+
+
+def make(markers=MARKERS[0], **limits) -> Planner:
+    return Planner(tokenize, markers, PlannerLimits(**({"n_ctx": 4096} | limits)))
+
+
+def toks(text):
+    return tuple(tokenize(text))
+
+
+def test_the_fake_tokenizer_depends_on_context():
+    assert toks("abc") != toks("ab") + toks("c") and toks("def x") != toks("de") + toks("f x")
+
+
+def test_plan_of_a_small_example():
+    plan = make().plan(FileSession(), "x = 1\nabc()\n", 8, "efim")  # cursor after "ab"
+    assert plan.tokens == (1, *toks("x = 1\n"), 2, *toks("c()\n"), 3, *toks("ab"))
+    assert plan.middle_text == "ab" and plan.reanchor == P.NEW_SESSION and plan.middle_start == len(plan.tokens) - 1
+
+
+@given(doc=docs, data=st.data(), layout=st.sampled_from(P.LAYOUTS), markers=st.sampled_from(MARKERS))
+def test_plan_is_pieces_tokenized_separately(doc, data, layout, markers):
+    cursor = data.draw(st.integers(0, len(doc)))
+    pl = make(markers)
+    s = FileSession()
+    plan = pl.plan(s, doc, cursor, layout)
+    anchor = P.line_start(doc, cursor)
+    pre, mid, suf = toks(doc[:anchor]), toks(doc[anchor:cursor]), toks(doc[cursor:])
+    m = markers
+    if m.order == "psm":
+        want = (*m.bos, *m.pre, *pre, *m.suf, *suf, *m.mid, *mid) if layout == "efim" else \
+            (*m.bos, *m.pre, *pre, *mid, *m.suf, *suf, *m.mid)
+    else:
+        want = (*m.bos, *m.suf, *suf, *m.pre, *pre, *m.mid, *mid) if layout == "efim" else \
+            (*m.bos, *m.suf, *suf, *m.pre, *pre, *mid, *m.mid)
+    assert plan.tokens == want
+    assert (plan.prefix_tokens, plan.middle_tokens, plan.suffix_tokens) == (pre, mid, suf)
+    assert plan.middle_text == doc[anchor:cursor] and s.anchor.offset == anchor
+    # Everything before middle_start stays put while the user types.
+    start = plan.middle_start
+    assert plan.tokens[start:start + len(mid)] == mid
+    assert plan.tokens[:start] == pl.stable_tokens(layout, s.anchor)
+
+
+@given(doc=docs, data=st.data(), layout=st.sampled_from(P.LAYOUTS),
+       typed=st.lists(st.sampled_from(list("ab _(\tλ🙂") + ["\n", "c"]), min_size=1, max_size=8))
+def test_typing_forward_keeps_anchor_and_prefix(doc, data, layout, typed):
+    cursor = data.draw(st.integers(0, len(doc)))
+    pl, s = make(), FileSession()
+    first = pl.plan(s, doc, cursor, layout)
+    anchor = s.anchor
+    for ch in typed:
+        doc, cursor = doc[:cursor] + ch + doc[cursor:], cursor + len(ch)
+        plan = pl.plan(s, doc, cursor, layout)
+        assert plan.reanchor is None and s.anchor is anchor
+        # Everything up to the middle is the same tokens as before: fully cacheable.
+        assert plan.tokens[:plan.middle_start] == first.tokens[:first.middle_start]
+        assert plan.middle_tokens == toks(doc[anchor.offset:cursor])  # a newline typed stays in the middle
+    assert s.reanchors == 1
+
+
+def test_reanchor_reasons():
+    pl, s = make(max_middle_tokens=8), FileSession()
+    doc = "def f(x):\n    return x\n\nprint(f(1))\n"
+    cur = doc.index("return") + 3
+    assert pl.plan(s, doc, cur).reanchor == P.NEW_SESSION
+    assert pl.plan(s, doc, cur).reanchor is None
+    doc2 = doc[:cur] + "u" + doc[cur:]
+    assert pl.plan(s, doc2, cur + 1).reanchor is None
+    assert pl.plan(s, doc2, cur + 1, "fim").reanchor == P.LAYOUT_CHANGED
+    assert pl.plan(s, "# hi\n" + doc2, cur + 6, "fim").reanchor == P.EDIT_BEFORE_ANCHOR
+    doc3 = "# hi\n" + doc2
+    assert pl.plan(s, doc3, 2, "fim").reanchor == P.CURSOR_BEFORE_ANCHOR
+    assert pl.plan(s, doc3 + "x", 2, "fim").reanchor == P.SUFFIX_CHANGED
+    long = doc3 + "x"
+    reasons = []
+    for i in range(12):  # "word " is 5 tokens of the fake tokenizer: the middle passes 8 tokens
+        long = long[:2] + "word " + long[2:]
+        reasons.append(pl.plan(s, long, 2 + 5 * (i + 1), "fim").reanchor)
+    assert reasons[:1] == [None] and P.MIDDLE_TOO_LONG in reasons
+    assert s.reanchors == 5 + reasons.count(P.MIDDLE_TOO_LONG)
+
+
+def test_a_very_long_line_is_anchored_at_the_cursor():
+    pl, s = make(max_middle_tokens=8), FileSession()
+    doc = "import os\n" + "x, " * 30 + "\n"
+    cur = len(doc) - 1
+    plan = pl.plan(s, doc, cur, "efim")
+    assert s.anchor.offset == cur and plan.middle_tokens == () and plan.prefix_tokens == toks(doc[:cur])
+    assert pl.plan(s, doc[:cur] + "y" + doc[cur:], cur + 1, "efim").reanchor is None  # and typing goes on from there
+
+
+def test_overflow_trims_prefix_start_and_suffix_end():
+    line = "value = compute(alpha, beta)\n"
+    doc = line * 40 + "x = " + line * 40
+    cursor = doc.index("x = ") + 4
+    pl = make(n_ctx=512, max_middle_tokens=32, reserve_tokens=64)
+    plan = pl.plan(FileSession(), doc, cursor, "efim")
+    assert plan.reanchor == P.NEW_SESSION
+    assert len(plan.tokens) - len(plan.middle_tokens) + 64 + 32 <= 512
+    assert plan.prefix_trimmed > 0 and plan.suffix_trimmed > 0
+    full_pre, full_suf = toks(doc[:P.line_start(doc, cursor)]), toks(doc[cursor:])
+    assert plan.prefix_tokens == full_pre[plan.prefix_trimmed:]  # cut at the start
+    assert plan.suffix_tokens == full_suf[:len(full_suf) - plan.suffix_trimmed]  # cut at the end
+    # The prefix keeps most of the budget: nearby code before the cursor matters most.
+    assert len(plan.prefix_tokens) >= len(plan.suffix_tokens)
+
+
+def test_context_overflow_reason_when_output_does_not_fit():
+    pl = make(n_ctx=300, max_middle_tokens=32, reserve_tokens=16)
+    s = FileSession()
+    doc = "a = 1\n" * 30
+    assert pl.plan(s, doc, len(doc)).reanchor == P.NEW_SESSION
+    # A request that wants more output than was reserved forces a trim.
+    plan = pl.plan(s, doc, len(doc), reserve=200)
+    assert plan.reanchor == P.CONTEXT_OVERFLOW
+    assert len(plan.tokens) + 200 <= 300 and plan.prefix_trimmed > 0
+
+
+def test_bad_requests():
+    pl = make()
+    with pytest.raises(PlanError, match="outside the document"):
+        pl.plan(FileSession(), "abc", 4)
+    with pytest.raises(PlanError, match="outside the document"):
+        pl.plan(FileSession(), "abc", -1)
+    with pytest.raises(PlanError, match="unknown layout"):
+        pl.plan(FileSession(), "abc", 1, "xyz")
+    with pytest.raises(PlanError, match="too small"):
+        make(n_ctx=64, reserve_tokens=60).plan(FileSession(), "abc", 1)
+
+
+@given(doc=docs.map(lambda d: d * 4), data=st.data(), layout=st.sampled_from(P.LAYOUTS),
+       budget=st.integers(0, 120))
+def test_latency_budget_keeps_the_context_nearest_the_cursor(doc, data, layout, budget):
+    cursor = data.draw(st.integers(0, len(doc)))
+    pl, s = make(MARKERS[2]), FileSession()
+    plan = pl.plan(s, doc, cursor, layout, budget_tokens=budget)
+    assert plan.reanchor == P.LATENCY_BUDGET
+    fixed = 7  # bos + two tokens per marker
+    assert len(plan.tokens) <= max(budget, fixed + len(plan.middle_tokens))
+    full_pre, full_suf = toks(doc[:s.anchor.offset]), toks(doc[cursor:])
+    assert plan.prefix_tokens == full_pre[len(full_pre) - len(plan.prefix_tokens):]  # the end of the prefix
+    assert plan.suffix_tokens == full_suf[:len(plan.suffix_tokens)]  # the start of the suffix
+    assert plan.reduced == (len(full_pre) + len(full_suf) > len(plan.prefix_tokens) + len(plan.suffix_tokens))
+    # Idle time grows it back: the full anchor has the same texts and every token.
+    full = pl.full_anchor(s.anchor)
+    assert (full.offset, full.prefix_tokens, full.suffix_tokens, full.reduced) == \
+        (s.anchor.offset, full_pre, full_suf, False)
+
+
+@given(text=st.text("ab\n\r", max_size=20), data=st.data())
+def test_line_start(text, data):
+    offset = data.draw(st.integers(0, len(text)))
+    start = P.line_start(text, offset)
+    assert start <= offset and "\n" not in text[start:offset] and (start == 0 or text[start - 1] == "\n")

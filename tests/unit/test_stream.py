@@ -1,0 +1,82 @@
+"""Generated token bytes to text: partial UTF-8, stop strings, newline and line limits."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from efim_local.engine.stream import StopRules, TextStream
+
+
+def test_text_stream_utf8_and_stop_strings():
+    s = TextStream(StopRules(stop_strings=("<END>",)))
+    out = "".join(s.feed(b) for b in [b"a\xe6", b"\x97", b"\xa5 <E", b"N", b"D> tail"])
+    assert out == "a日 " and s.stop_reason == "stop_string" and s.text == "a日 "
+    s = TextStream(StopRules(stop_strings=("<END>",)))
+    out = "".join(s.feed(b) for b in [b"x <E", b"nd"]) + s.finish()
+    assert out == "x <End" and s.stop_reason is None
+    s = TextStream(StopRules(stop_at_newline=True))
+    out = "".join(s.feed(b) for b in [b"\n", b"  foo", b"(1)\n", b"bar"])
+    assert out == "\n  foo(1)" and s.stop_reason == "newline"
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[i:j] for i, j in zip([0, *bounds], [*bounds, len(data)])]
+
+
+@given(text=st.text(st.sampled_from(list("ab <END>\n") + ["日", "é", "🙂"]), max_size=40),
+       cuts=st.lists(st.integers(0, 200), max_size=12))
+def test_any_byte_chunking_stops_at_the_first_stop_string(text, cuts):
+    """However the bytes are split into tokens, the text shown is the text before the first stop string."""
+    s = TextStream(StopRules(stop_strings=("<END>",)))
+    out = "".join(s.feed(c) for c in chunked(text.encode(), cuts))
+    want = text.split("<END>")[0]
+    if "<END>" in text:
+        assert s.stop_reason == "stop_string" and out == s.text == want
+    else:
+        out += s.finish()
+        assert s.stop_reason is None and out == s.text == want
+
+
+def shown(rules: StopRules, chunks: list[bytes]) -> tuple[str, str | None]:
+    """What a client is shown, as the engine streams it, and the stop reason."""
+    s = TextStream(rules)
+    out = "".join(s.feed(c) for c in chunks)
+    if s.stop_reason is None:
+        out += s.finish()
+    assert out == s.text
+    return out, s.stop_reason
+
+
+RULES = [StopRules(stop_at_newline=True), StopRules(max_lines=1), StopRules(max_lines=2),
+         StopRules(max_lines=3, stop_strings=("<END>", "\n\n\n"))]
+
+
+@given(text=st.text(st.sampled_from(list("ab \t\r\n<END>") + ["日", "🙂"]), max_size=40),
+       cuts=st.lists(st.integers(0, 200), max_size=12), rules=st.sampled_from(RULES))
+def test_what_is_shown_does_not_depend_on_token_boundaries(text, cuts, rules):
+    out, reason = shown(rules, chunked(text.encode(), cuts))
+    assert (out, reason) == shown(rules, [text.encode()])
+    assert text.startswith(out)
+    if reason is None:
+        assert out == text  # no rule fired: everything is shown
+    elif reason in ("newline", "max_lines"):
+        assert text[len(out)] == "\n"  # cut at the end of a line
+        n = rules.max_lines or 1
+        assert out.lstrip().count("\n") == n - 1  # leading blank lines do not count
+    else:
+        assert any(text[len(out):].startswith(stop) for stop in rules.stop_strings)
+
+
+def test_blank_first_lines_are_skipped_however_they_are_streamed():
+    rules = StopRules(stop_at_newline=True)
+    assert shown(rules, [b"  ", b"\n", b"  foo\n"]) == shown(rules, [b"  \n  foo\n"]) == ("  \n  foo", "newline")
+
+
+@pytest.mark.parametrize("rules,data", [(StopRules(stop_strings=("<END>",)), b"ab<END>\xe6"),
+                                        (StopRules(stop_at_newline=True), b"foo\n\xe6")])
+def test_finish_after_a_stop_adds_nothing(rules, data):
+    s = TextStream(rules)
+    out = s.feed(data)
+    assert s.stop_reason is not None
+    assert s.finish() == "" and s.text == out
