@@ -69,7 +69,10 @@ def model_options(fn):
         click.option("--fim-family", help="Force a template family: qwen, deepseek, starcoder, codellama, codestral, "
                                           "codegemma, granite."),
         click.option("--n-ctx", type=click.IntRange(64, 1 << 20), help="Context tokens per slot."),
-        click.option("--threads", type=click.IntRange(0, 1024), help="CPU threads (0: all)."),
+        click.option("--threads", type=click.IntRange(0, 1024),
+                     help="Threads for single-token decodes (0: all cores but one: a busy core stalls none)."),
+        click.option("--threads-batch", type=click.IntRange(0, 1024),
+                     help="Threads for prefill batches (0: all cores)."),
         click.option("--n-gpu-layers", type=click.IntRange(0, 100000), help="Layers to offload (CUDA builds)."),
         click.option("--main-gpu", type=click.IntRange(0, 1024),
                      help="GPU for the model and scratch buffers (CUDA builds)."),
@@ -100,12 +103,13 @@ def request_options(fn):
     return fn
 
 
-def build_config(model, layout, fim_template, fim_family, n_ctx, threads, n_gpu_layers, main_gpu,
+def build_config(model, layout, fim_template, fim_family, n_ctx, threads, threads_batch, n_gpu_layers, main_gpu,
                  offload_kqv, flash_attn, **extra):
     """The config file's settings with the command line's on top (None: not given)."""
     cfg = config_mod.load()
     return cfg.with_overrides(model=model, layout=layout, fim_template=fim_template, fim_family=fim_family,
-                              n_ctx_seq=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                              n_ctx_seq=n_ctx, n_threads=threads, n_threads_batch=threads_batch,
+                              n_gpu_layers=n_gpu_layers,
                               main_gpu=main_gpu, offload_kqv=offload_kqv, flash_attn=flash_attn, **extra)
 
 

@@ -194,8 +194,9 @@ def daemon_status(as_json):
         return emit(st, True)
     click.echo(f"running      pid {st['pid']} on {st['socket']}, up {st['uptime_s']} s")
     click.echo(f"model        {st['model']} ({st['layout']}, sliding window: {st['swa_strategy']})")
-    click.echo(f"context      {st['n_slots']} slots x {st['n_ctx_seq']} tokens, {st['threads']} threads, "
-               f"KV {st['type_k']}/{st['type_v']}, flash attention {'on' if st['flash_attn'] else 'off'}")
+    click.echo(f"context      {st['n_slots']} slots x {st['n_ctx_seq']} tokens, "
+               f"{st['threads']}+{st['threads_batch']} threads, KV {st['type_k']}/{st['type_v']}, "
+               f"flash attention {'on' if st['flash_attn'] else 'off'}")
     click.echo(f"requests     {st['served']} served, {st['errors']} errors, {st['queued']} queued")
     for s in st["slots"]:
         click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {s['path'] or '-'}")
