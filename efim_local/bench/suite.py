@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import util as bu
-from . import peers, replay, restore, rounds
+from . import paced, peers, replay, restore, rounds
 
-PARTS = ("replay", "rounds", "restore")
+PARTS = ("paced", "replay", "rounds", "restore")
 
 
 @dataclass
@@ -20,7 +20,9 @@ class SuiteConfig:
     server: Path = peers.SERVER_BIN
     threads: int = 0
     out: Path = Path("bench-results")
-    max_requests: int | None = None  # replay requests per backend (default: 16 quick, 200 full)
+    max_requests: int | None = None  # replay requests per backend (default: 12 quick, 200 full)
+    max_prompt_ms: float = 0.0  # efim's latency budget in the paced replay (0: off)
+    busy: bool = False  # the paced replay with one core kept busy by another process
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
@@ -39,6 +41,11 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     model, template = bench_model(cfg.model)
     q = cfg.quick
     res: dict = {"model": str(model), "config": {k: str(v) for k, v in asdict(cfg).items()}}
+    if "paced" in cfg.parts:
+        pc = paced.PacedConfig(model, max_requests=cfg.max_requests or (40 if q else 200), threads=cfg.threads,
+                               max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=cfg.server)
+        res["paced"] = paced.run(pc)
+        log(_paced_table(res["paced"]))
     if "replay" in cfg.parts:
         rc = replay.ReplayConfig(model, max_requests=cfg.max_requests or (12 if q else 200),
                                  max_tokens=16 if q else 32, threads=cfg.threads, server=cfg.server)
@@ -60,7 +67,48 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     res["json"] = str(bu.save(name, res, cfg.out))
     if "replay" in res or "rounds" in res:
         res["png"] = str(chart(res, cfg.out / f"{name}.png"))
+    if "paced" in res:
+        res["paced_png"] = str(paced_chart(res["paced"], cfg.out / f"{name}-paced.png", Path(res["model"]).name))
     return res
+
+
+def _paced_table(r: dict) -> str:
+    head = (f"Paced replay: {r['requests']} requests, {r['keystrokes']} keystrokes ({r['auto_pair_keys']} auto-pair), "
+            f"{r['duration_s']:.0f} s of typing; latency budget {r['max_prompt_ms']:g} ms"
+            + ("; one core kept busy" if r["busy"] else ""))
+    cols = [c for c in ("backend", "requests", "answered", "stale_frac", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
+                        "context_frac_mean", "reduced_frac", "ttft_p50_vs_infill", "ttft_p95_vs_infill")
+            if any(c in s for s in r["summary"])]
+    return "\n".join([head, bu.table(r["summary"], cols), *[f"note: {n}" for n in r["notes"]]]) + "\n"
+
+
+def paced_chart(r: dict, path: Path, model: str) -> Path:
+    """Time to first token per request along the paced replay, and efim's context per answer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    for name, rows in r["rows"].items():
+        pts = [(x["t"], x["ttft_ms"]) for x in rows if x["ttft_ms"] is not None]
+        a1.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, label=name)
+    a1.set_yscale("log")
+    a1.set_ylabel("time to first token (ms, log)")
+    a1.legend(fontsize=8)
+    rows = r["rows"].get("efim", [])
+    pts = [(x["t"], (x["context_prefix_tokens"] + x["context_suffix_tokens"]) / max(1, full))
+           for x, full in zip(rows, r["full_tokens"]) if "context_prefix_tokens" in x]
+    a2.plot([p[0] for p in pts], [min(1, p[1]) for p in pts], ".", ms=3, color="tab:green")
+    a2.set_ylim(0, 1.05)
+    a2.set_ylabel("efim context / full plan")
+    a2.set_xlabel("seconds into the replay")
+    fig.suptitle(f"Paced replay on {model}: budget {r['max_prompt_ms']:g} ms" + (", one core busy" if r["busy"] else ""),
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _replay_table(r: dict) -> str:

@@ -74,8 +74,9 @@ def bench_model(name: str) -> tuple[Path, str | None]:
     return Path(name), None
 
 
-def spawn_daemon(model: Path, template: str | None, *extra: str):
-    """Start `efim serve` on a private socket; returns (process, socket path) once it answers."""
+def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | None = None):
+    """Start `efim serve` on a private socket; returns (process, socket path) once it answers.
+    ``config``: top-level config.toml settings (numbers and strings) for this daemon."""
     import os
     import subprocess
     import sys
@@ -86,6 +87,9 @@ def spawn_daemon(model: Path, template: str | None, *extra: str):
     tmp = Path(tempfile.mkdtemp(prefix="efim-bench-"))
     sock = tmp / "run" / "efim.sock"
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+    if config:
+        (tmp / "config.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
+        env["EFIM_CONFIG"] = str(tmp / "config.toml")
     args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model), *extra]
     if template:
         args += ["--fim-template", template]

@@ -13,7 +13,7 @@ from . import emit, main, user_errors
 @click.option("--quick", is_flag=True, help="A short run (about 5 minutes on 2 cores).")
 @click.option("--model", "-m", default="gemma", show_default=True,
               help="'gemma' (gemma3-270m, FIM tokens marked for /infill), 'default', or a GGUF path.")
-@click.option("--only", type=click.Choice(["replay", "rounds", "restore"]), multiple=True,
+@click.option("--only", type=click.Choice(["paced", "replay", "rounds", "restore"]), multiple=True,
               help="Run only these parts (repeatable).")
 @click.option("--server", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="llama-server binary (default: native/build/server/bin/llama-server, `make server`).")
@@ -22,9 +22,12 @@ from . import emit, main, user_errors
 @click.option("--threads", type=click.IntRange(0, 1024), default=0, help="CPU threads (0: all).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
               show_default=True, help="Where the JSON and PNG go.")
+@click.option("--max-prompt-ms", type=click.FloatRange(0, 600_000), default=0.0, show_default=True,
+              help="efim's latency budget in the paced replay (0: off).")
+@click.option("--busy", is_flag=True, help="Paced replay with one core kept busy by another process.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
 @user_errors
-def bench(quick, model, only, server, max_requests, threads, out, as_json):
+def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, out, as_json):
     """Replay real edits through efim (EFIM, FIM) and llama-server (/infill, /completion), then
     the EFIM paper's rounds and the state-restore benchmark, all on one model.
 
@@ -37,10 +40,12 @@ def bench(quick, model, only, server, max_requests, threads, out, as_json):
 
     cfg = suite.SuiteConfig(model=model, quick=quick, parts=tuple(only) or suite.PARTS,
                             server=server or peers.SERVER_BIN, threads=threads, out=out,
-                            max_requests=max_requests)
+                            max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy)
     res = suite.run(cfg, log=(lambda s: None) if as_json else click.echo)
     if as_json:
-        emit({k: v for k, v in res.items() if k != "replay"} | {
-            "replay": {k: v for k, v in res.get("replay", {}).items() if k != "rows"}}, True)
+        drop = ("rows", "full_tokens")
+        emit({k: ({kk: vv for kk, vv in v.items() if kk not in drop} if k in ("replay", "paced") else v)
+              for k, v in res.items()}, True)
     else:
-        click.echo(f"saved {res['json']}" + (f" and {res['png']}" if res.get("png") else ""))
+        pngs = [res[k] for k in ("png", "paced_png") if res.get(k)]
+        click.echo(f"saved {res['json']}" + (f" and {', '.join(pngs)}" if pngs else ""))

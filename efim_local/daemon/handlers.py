@@ -103,10 +103,16 @@ class Handlers:
 
     def warm_later(self, path: str, at: int | None = None) -> None:
         """Prefill ``path`` (its open text, else the file) at offset ``at`` (default: its last
-        cursor), when idle."""
+        cursor), when idle. An open document edited in the meantime is skipped: the cursor that
+        came with this task is stale, and the requests of the typing take over."""
+        f = self.engine.files.get(path)
+        version = f.version if f is not None and f.open else None
+
         def warm(engine: Engine, should_stop) -> None:
             f = engine.files.get(path)
             with engine.files.lock:
+                if version is not None and (f is None or not f.open or f.version != version):
+                    return
                 text = f.text if f is not None and f.open else None
                 cursor = at if at is not None else f.cursor if f is not None else None
             if text is None:

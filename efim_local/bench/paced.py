@@ -1,0 +1,381 @@
+"""A paced replay: the edit trace typed at human speed, with an editor's traffic.
+
+The back-to-back replay (``replay.py``) sends one request after another as fast as the backend
+answers. A person types at their own pace, and the editor fires a request only when typing pauses
+for its debounce; an answer that arrives after the next keystroke is stale. This replay models that:
+
+- keystrokes with log-normal gaps (median 180 ms), 600 ms more at a line end, 2 s when the cursor
+  jumps to the next hunk, 3 s after a file is opened (fixed defaults, so runs compare);
+- auto-pairs as editors insert them: typing ``(`` also inserts ``)`` after the cursor, and typing
+  the closer over an inserted one only moves the cursor (same for brackets, braces and quotes);
+- the editor's traffic to efim: ``didOpen`` when a file opens, ``didChange`` per keystroke, a
+  ``cursor`` notification when the cursor settles on a new line, ``complete`` after the debounce
+  (a newer one supersedes the older); to llama-server ``/infill`` (llama.vim's request shape) the
+  same requests at the same moments, an older one cancelled by closing its connection.
+
+Per request: time to first token as the editor sees it, whether it was stale (cancelled, or its
+first token came after the next keystroke), and the context it used.
+"""
+
+from __future__ import annotations
+
+import difflib
+import http.client
+import json
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import util as bu
+from .trace import Commit
+
+PAIRS = {"(": ")", "[": "]", "{": "}", '"': '"', "'": "'"}
+
+
+@dataclass(frozen=True)
+class Pacing:
+    median_gap_s: float = 0.18
+    sigma: float = 0.5  # of the log-normal gaps
+    line_end_s: float = 0.6
+    jump_s: float = 2.0
+    open_s: float = 3.0
+    debounce_s: float = 0.15  # the Neovim plugin's default
+    auto_pairs: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Step:
+    """The document after one editor event at time ``t`` (seconds from the start)."""
+
+    t: float
+    path: str
+    kind: str  # open | jump | key | over (typed over an auto-inserted closer) | cleanup
+    doc: str
+    cursor: int
+    change: tuple[int, int, str] | None = None  # (start, end, text) in the previous document
+
+
+def steps(commits: list[Commit], pacing: Pacing = Pacing()) -> list[Step]:
+    """The editor events of typing ``commits`` (each on its file's previous version)."""
+    rng = random.Random(pacing.seed)
+    gap = lambda: rng.lognormvariate(math.log(pacing.median_gap_s), pacing.sigma)
+    out: list[Step] = []
+    t = 0.0
+    for c in commits:
+        doc = c.before
+        out.append(Step(t, c.file, "open", doc, 0))
+        t += pacing.open_s
+        old, new = c.before.splitlines(keepends=True), c.after.splitlines(keepends=True)
+        starts = [0]
+        for line in old:
+            starts.append(starts[-1] + len(line))
+        shift = 0
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+            if tag == "equal":
+                continue
+            pos, end = starts[i1] + shift, starts[i2] + shift
+            doc = doc[:pos] + doc[end:]
+            t += pacing.jump_s
+            out.append(Step(t, c.file, "jump", doc, pos, (pos, end, "")))
+            closers: list[int] = []  # auto-inserted closers, as distances from the document's end
+            cur = pos
+            for ch in "".join(new[j1:j2]):
+                t += gap()
+                from_end = len(doc) - cur
+                if closers and closers[-1] == from_end and doc[cur:cur + 1] == ch:
+                    closers.pop()  # typed over the closer the editor inserted
+                    cur += 1
+                    out.append(Step(t, c.file, "over", doc, cur))
+                    continue
+                ins = ch
+                prev = doc[cur - 1:cur]
+                if pacing.auto_pairs and ch in PAIRS and not (ch in "\"'" and (prev.isalnum() or prev == ch)):
+                    ins = ch + PAIRS[ch]
+                    closers.append(from_end + 1)
+                doc = doc[:cur] + ins + doc[cur:]
+                out.append(Step(t, c.file, "key", doc, cur + 1, (cur, cur, ins)))
+                cur += 1
+                if ch == "\n":
+                    t += pacing.line_end_s
+            if closers:  # closers the commit never typed: the user deletes them
+                t += gap()
+                for from_end in reversed(closers):  # leftmost first: the others keep their distance
+                    k = len(doc) - from_end
+                    doc = doc[:k] + doc[k + 1:]
+                    out.append(Step(t, c.file, "cleanup", doc, cur, (k, k + 1, "")))
+            shift += cur - pos - (starts[i2] - starts[i1])
+        assert doc == c.after, "the paced replay must end on the commit's text"
+    return out
+
+
+@dataclass
+class Fired:
+    """A completion request the editor fired at step ``step``."""
+
+    step: int
+    t: float  # scheduled time
+    path: str
+    doc: str
+    cursor: int
+    next_key_t: float  # when the user types on: an answer after this is stale
+
+
+def requests(trace_steps: list[Step], pacing: Pacing = Pacing(), limit: int | None = None) -> list[Fired]:
+    """Requests fire when typing pauses for the debounce after a keystroke."""
+    out = []
+    for i, s in enumerate(trace_steps):
+        if s.kind not in ("key", "over", "jump"):
+            continue
+        nxt = trace_steps[i + 1].t if i + 1 < len(trace_steps) else math.inf
+        if nxt - s.t > pacing.debounce_s:
+            out.append(Fired(i, s.t + pacing.debounce_s, s.path, s.doc, s.cursor, nxt))
+            if limit and len(out) >= limit:
+                break
+    return out
+
+
+def _position(doc: str, offset: int) -> dict:
+    line = doc.count("\n", 0, offset)
+    return {"line": line, "character": offset - (doc.rfind("\n", 0, offset) + 1)}
+
+
+@dataclass
+class Outcome:
+    t_send: float
+    t_first: float | None = None
+    t_done: float | None = None
+    cancelled: bool = False
+    context: dict = field(default_factory=dict)
+    evaluated: int | None = None
+    reanchor: str | None = None
+
+
+class EfimEditor:
+    """An editor talking to efim's daemon: synced documents, cursor notifications, superseding."""
+
+    name = "efim"
+
+    def __init__(self, sock: Path, max_tokens: int):
+        from ..daemon.client import Client
+
+        self.sock, self.max_tokens = sock, max_tokens
+        self.ctl = Client(sock, timeout=60)
+        self.version = 0
+
+    def event(self, step: Step, prev: Step | None) -> None:
+        if step.kind == "open":
+            self.ctl.call("didOpen", {"path": step.path, "text": step.doc, "version": 0})
+            return
+        if step.change is not None:
+            s, e, text = step.change
+            self.version += 1
+            doc = prev.doc
+            self.ctl.call("didChange", {"path": step.path, "version": self.version, "contentChanges": [
+                {"range": {"start": _position(doc, s), "end": _position(doc, e)}, "text": text}]})
+        if prev is None or prev.doc.count("\n", 0, prev.cursor) != step.doc.count("\n", 0, step.cursor) \
+                or step.kind == "jump":
+            self.ctl.notify("cursor", {"path": step.path, "offset": step.cursor})
+
+    def fire(self, req: Fired, out: Outcome) -> None:
+        from ..daemon.client import Client
+        from ..errors import Cancelled
+
+        with Client(self.sock, timeout=600) as c:
+            try:
+                res = c.call("complete", {"path": req.path, "position": _position(req.doc, req.cursor),
+                                          "max_tokens": self.max_tokens, "stream": True},
+                             on_notification=lambda m: out.t_first or setattr(out, "t_first", time.perf_counter()))
+            except Cancelled:
+                out.cancelled = True
+                return
+        out.t_done = time.perf_counter()
+        out.t_first = out.t_first or out.t_done
+        out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
+
+    def supersede(self, older: threading.Thread) -> None:
+        pass  # the daemon cancels an older request for the same document by itself
+
+    def close(self) -> None:
+        self.ctl.close()
+
+
+class InfillEditor:
+    """An editor talking to llama-server ``/infill`` the way llama.vim does."""
+
+    name = "llama-server /infill"
+
+    def __init__(self, server, max_tokens: int):
+        self.server, self.max_tokens = server, max_tokens
+        self.conns: dict[int, http.client.HTTPConnection] = {}
+
+    def event(self, step: Step, prev: Step | None) -> None:
+        pass  # /infill gets the whole text with each request
+
+    def fire(self, req: Fired, out: Outcome) -> None:
+        from .peers import SAMPLING
+
+        line = req.doc.rfind("\n", 0, req.cursor) + 1
+        body = {"input_prefix": req.doc[:line], "prompt": req.doc[line:req.cursor],
+                "input_suffix": req.doc[req.cursor:], "input_extra": [], "n_predict": self.max_tokens,
+                **SAMPLING, "stream": True}
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=600)
+        self.conns[threading.get_ident()] = conn
+        try:
+            conn.request("POST", "/infill", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            for raw in resp:
+                if not raw.startswith(b"data: "):
+                    continue
+                msg = json.loads(raw[6:])
+                if msg.get("content") and out.t_first is None:
+                    out.t_first = time.perf_counter()
+                if msg.get("stop"):
+                    out.evaluated = msg.get("timings", {}).get("prompt_n")
+                    break
+            out.t_done = time.perf_counter()
+            out.t_first = out.t_first or out.t_done
+        except (OSError, http.client.HTTPException, ValueError):
+            out.cancelled = True
+        finally:
+            conn.close()
+
+    def supersede(self, older: threading.Thread) -> None:
+        conn = self.conns.pop(older.ident, None)
+        if conn is not None and conn.sock is not None:  # llama.vim drops the older job
+            try:
+                conn.sock.shutdown(2)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        pass
+
+
+def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None = None) -> list[dict]:
+    """Play the steps and requests in real time through ``editor``; one row per request."""
+    events = sorted([(s.t, 0, i) for i, s in enumerate(trace_steps)] + [(f.t, 1, j) for j, f in enumerate(fired)])
+    last = fired[-1].t if fired else 0.0
+    outcomes: list[Outcome | None] = [None] * len(fired)
+    threads: list[threading.Thread] = []
+    t0 = time.perf_counter()
+    prev = None
+    bar = tqdm(total=len(fired), desc=desc or editor.name, leave=False)
+    for t, kind, i in events:
+        if t > last:
+            break
+        delay = t0 + t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        if kind == 0:
+            editor.event(trace_steps[i], prev)
+            prev = trace_steps[i]
+            continue
+        out = outcomes[i] = Outcome(time.perf_counter())
+        if threads and threads[-1].is_alive():
+            editor.supersede(threads[-1])
+        th = threading.Thread(target=editor.fire, args=(fired[i], out), daemon=True)
+        th.start()
+        threads.append(th)
+        bar.update(1)
+    bar.close()
+    for th in threads:
+        th.join(600)
+    rows = []
+    for f, o in zip(fired, outcomes):
+        next_key = t0 + f.next_key_t
+        ttft = (o.t_first - o.t_send) * 1e3 if o.t_first else None
+        rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "cancelled": o.cancelled,
+                     "stale": o.cancelled or o.t_first is None or o.t_first > next_key,
+                     "evaluated": o.evaluated, "reanchor": o.reanchor, **{f"context_{k}": v for k, v in o.context.items()}})
+    return rows
+
+
+def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None) -> dict:
+    ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
+    s = {"backend": name, "requests": len(rows), "answered": len(ttft),
+         "stale_frac": sum(r["stale"] for r in rows) / max(1, len(rows)),
+         "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95), "ttft_p99_ms": bu.pctl(ttft, 0.99)}
+    if full_tokens and any("context_prefix_tokens" in r for r in rows):
+        fr = [(r["context_prefix_tokens"] + r["context_suffix_tokens"]) / max(1, full)
+               for r, full in zip(rows, full_tokens) if "context_prefix_tokens" in r]
+        s["context_frac_mean"] = bu.mean([min(1.0, x) for x in fr])
+        s["reduced_frac"] = sum(bool(r.get("context_reduced")) for r in rows) / max(1, len(fr))
+    return s
+
+
+@dataclass
+class PacedConfig:
+    model: Path
+    max_requests: int = 200
+    max_tokens: int = 16
+    n_ctx: int = 8192
+    threads: int = 0
+    max_prompt_ms: float = 0.0  # efim's latency budget (0: off)
+    busy: bool = False  # keep one core busy with another process the whole time
+    server: Path | None = None  # llama-server binary; None: efim only
+    trace: Path | None = None
+    pacing: Pacing = Pacing()
+
+
+def full_tokens(model: Path, fired: list[Fired], n_ctx: int) -> list[int]:
+    """Prefix + suffix tokens of each request's full plan (what an unbudgeted plan would hold)."""
+    from ..llama import Model
+
+    with Model(model, vocab_only=True) as m:
+        return [min(n_ctx, len(m.tokenize(f.doc[:f.cursor])) + len(m.tokenize(f.doc[f.cursor:]))) for f in fired]
+
+
+def run(cfg: PacedConfig) -> dict:
+    """The paced replay through efim and (when its binary exists) llama-server /infill."""
+    import subprocess
+    import sys
+
+    from . import trace as tr
+    from .peers import LlamaServer
+
+    commits = tr.load(cfg.trace or tr.DEFAULT_TRACE)
+    st = steps(commits, cfg.pacing)
+    fired = requests(st, cfg.pacing, cfg.max_requests)
+    st = st[:fired[-1].step + 2] if fired else st
+    full = full_tokens(cfg.model, fired, cfg.n_ctx)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if cfg.busy else None
+    rows, notes = {}, []
+    try:
+        conf = {"max_prompt_ms": cfg.max_prompt_ms, "max_tokens": cfg.max_tokens}
+        proc, sock = bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx),
+                                     "--threads", str(cfg.threads), config=conf)
+        time.sleep(2.0)  # the daemon measures its prefill speed when idle after start
+        ed = EfimEditor(sock, cfg.max_tokens)
+        try:
+            rows["efim"] = replay(ed, st, fired)
+        finally:
+            ed.close()
+            proc.terminate()
+            proc.wait(30)
+        if cfg.server is not None and cfg.server.exists():
+            server = LlamaServer(cfg.server, cfg.model, cfg.n_ctx, cfg.threads)
+            try:
+                rows[InfillEditor.name] = replay(InfillEditor(server, cfg.max_tokens), st, fired)
+            finally:
+                server.close()
+        elif cfg.server is not None:
+            notes.append(f"llama-server not found at {cfg.server} (run `make server`): its rows are missing")
+    finally:
+        if hog is not None:
+            hog.kill()
+    summary = [summarize(name, r, full) for name, r in rows.items()]
+    base = next((s for s in summary if s["backend"] == InfillEditor.name), None)
+    for s in summary:
+        for q in ("p50", "p95"):
+            s[f"ttft_{q}_vs_infill"] = base[f"ttft_{q}_ms"] / s[f"ttft_{q}_ms"] if base else float("nan")
+    return {"requests": len(fired), "keystrokes": sum(s.kind in ("key", "over") for s in st),
+            "auto_pair_keys": sum(s.kind == "over" for s in st) + sum(
+                1 for s in st if s.kind == "key" and s.change and len(s.change[2]) == 2),
+            "duration_s": st[-1].t if st else 0, "busy": cfg.busy, "max_prompt_ms": cfg.max_prompt_ms,
+            "summary": summary, "rows": rows, "full_tokens": full, "notes": notes}
