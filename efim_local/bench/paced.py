@@ -292,7 +292,8 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
         ttft = (o.t_first - o.t_send) * 1e3 if o.t_first else None
         rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "cancelled": o.cancelled,
                      "stale": o.cancelled or o.t_first is None or o.t_first > next_key,
-                     "evaluated": o.evaluated, "reanchor": o.reanchor, **{f"context_{k}": v for k, v in o.context.items()}})
+                     "evaluated": o.evaluated, "reanchor": o.reanchor,
+                     **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
 
 

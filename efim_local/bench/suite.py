@@ -103,8 +103,8 @@ def paced_chart(r: dict, path: Path, model: str) -> Path:
     a2.set_ylim(0, 1.05)
     a2.set_ylabel("efim context / full plan")
     a2.set_xlabel("seconds into the replay")
-    fig.suptitle(f"Paced replay on {model}: budget {r['max_prompt_ms']:g} ms" + (", one core busy" if r["busy"] else ""),
-                 fontsize=10)
+    busy = ", one core busy" if r["busy"] else ""
+    fig.suptitle(f"Paced replay on {model}: budget {r['max_prompt_ms']:g} ms{busy}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
