@@ -14,7 +14,9 @@ for its debounce; an answer that arrives after the next keystroke is stale. This
   same requests at the same moments, an older one cancelled by closing its connection.
 
 Per request: time to first token as the editor sees it, whether it was stale (cancelled, or its
-first token came after the next keystroke), and the context it used.
+first token came after the next keystroke), and the context it used. The first token is timed as
+the round trip less the backend's own generation time after its first token, so a first token with
+no visible text (random-weight models) is timed like any other.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ class Outcome:
     context: dict = field(default_factory=dict)
     evaluated: int | None = None
     reanchor: str | None = None
+    wait_ms: float | None = None  # round trip less the backend's own time: queueing and IPC
 
 
 class EfimEditor:
@@ -189,13 +192,17 @@ class EfimEditor:
         with Client(self.sock, timeout=600) as c:
             try:
                 res = c.call("complete", {"path": req.path, "position": _position(req.doc, req.cursor),
-                                          "max_tokens": self.max_tokens, "stream": True},
-                             on_notification=lambda m: out.t_first or setattr(out, "t_first", time.perf_counter()))
-            except Cancelled:
+                                          "max_tokens": self.max_tokens, "stream": True})
+            except Cancelled as e:  # superseded; it says how far it got if it had started generating
                 out.cancelled = True
+                if isinstance(e.data, dict) and "timings" in e.data:
+                    out.t_first = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
+                    out.evaluated = e.data["tokens"]["evaluated"]
                 return
         out.t_done = time.perf_counter()
-        out.t_first = out.t_first or out.t_done
+        tm = res["timings"]
+        out.t_first = out.t_done - tm["predict_ms"] / 1e3
+        out.wait_ms = (out.t_done - out.t_send) * 1e3 - tm["total_ms"]
         out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
 
     def supersede(self, older: threading.Thread) -> None:
@@ -233,13 +240,13 @@ class InfillEditor:
                 if not raw.startswith(b"data: "):
                     continue
                 msg = json.loads(raw[6:])
-                if msg.get("content") and out.t_first is None:
-                    out.t_first = time.perf_counter()
                 if msg.get("stop"):
-                    out.evaluated = msg.get("timings", {}).get("prompt_n")
+                    timings = msg.get("timings", {})
                     break
             out.t_done = time.perf_counter()
-            out.t_first = out.t_first or out.t_done
+            out.evaluated = timings.get("prompt_n")
+            out.t_first = out.t_done - timings.get("predicted_ms", 0.0) / 1e3
+            out.wait_ms = (out.t_done - out.t_send) * 1e3 - timings.get("prompt_ms", 0) - timings.get("predicted_ms", 0)
         except (OSError, http.client.HTTPException, ValueError):
             out.cancelled = True
         finally:
@@ -292,7 +299,7 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
         ttft = (o.t_first - o.t_send) * 1e3 if o.t_first else None
         rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "cancelled": o.cancelled,
                      "stale": o.cancelled or o.t_first is None or o.t_first > next_key,
-                     "evaluated": o.evaluated, "reanchor": o.reanchor,
+                     "evaluated": o.evaluated, "reanchor": o.reanchor, "wait_ms": o.wait_ms,
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
 
@@ -301,7 +308,8 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
     ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
     s = {"backend": name, "requests": len(rows), "answered": len(ttft),
          "stale_frac": sum(r["stale"] for r in rows) / max(1, len(rows)),
-         "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95), "ttft_p99_ms": bu.pctl(ttft, 0.99)}
+         "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95), "ttft_p99_ms": bu.pctl(ttft, 0.99),
+         "wait_p95_ms": bu.pctl([r["wait_ms"] for r in rows if r["wait_ms"] is not None], 0.95)}
     if full_tokens and any("context_prefix_tokens" in r for r in rows):
         fr = [(r["context_prefix_tokens"] + r["context_suffix_tokens"]) / max(1, full)
                for r, full in zip(rows, full_tokens) if "context_prefix_tokens" in r]

@@ -98,7 +98,7 @@ class Decoder:
             if len(ids) >= rules.max_tokens:
                 break
             if should_stop is not None and should_stop():
-                raise Cancelled()
+                raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
             self.batch.clear()
             self.batch.add(tok, n_prompt + len(ids) - 1, slot.seq, logits=True)
             self.decode(slot)

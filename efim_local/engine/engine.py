@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from ..config import Config
+from ..errors import Cancelled
 from ..errors import InvalidParams
 from ..kv import StateStore, StoreConfig
 from ..kv.fingerprint import layout_key, layout_params, model_fingerprint
@@ -249,6 +251,11 @@ class Engine:
             with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
                 ids, stream, reason, t_first = self.decoder.generate(
                     slot, len(prompt), sampler, rules, on_text, req.ignore_eog, should_stop, heal)
+        except Cancelled as e:
+            if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
+                counts.generated = e.data["generated"]
+                e.data = {"tokens": asdict(counts), "timings": {"prompt_ms": (e.data["first_token_at"] - t0) * 1e3}}
+            raise
         finally:
             self.reuse.finish(start, path, len(prompt), checkpoint, cold)
         t2 = time.perf_counter()
