@@ -9,9 +9,10 @@ for its debounce; an answer that arrives after the next keystroke is stale. This
 - auto-pairs as editors insert them: typing ``(`` also inserts ``)`` after the cursor, and typing
   the closer over an inserted one only moves the cursor (same for brackets, braces and quotes);
 - the editor's traffic to efim: ``didOpen`` when a file opens, ``didChange`` per keystroke, a
-  ``cursor`` notification when the cursor settles on a new line, ``complete`` after the debounce
-  (a newer one supersedes the older); to llama-server ``/infill`` (llama.vim's request shape) the
-  same requests at the same moments, an older one cancelled by closing its connection.
+  ``cursor`` notification when the cursor settles on a new line, ``complete`` after the debounce,
+  ``cancel`` of a request still running when the next key is typed (as the Neovim plugin and
+  llama.vim do); to llama-server ``/infill`` (llama.vim's request shape) the same requests at the
+  same moments, a running one cancelled by closing its connection.
 
 Per request: time to first token as the editor sees it, whether it was stale (cancelled, or its
 first token came after the next keystroke), and the context it used. The first token is timed as
@@ -160,7 +161,7 @@ class Outcome:
 
 
 class EfimEditor:
-    """An editor talking to efim's daemon: synced documents, cursor notifications, superseding."""
+    """An editor talking to efim's daemon: synced documents, cursor notifications, cancelling."""
 
     name = "efim"
 
@@ -170,6 +171,7 @@ class EfimEditor:
         self.sock, self.max_tokens = sock, max_tokens
         self.ctl = Client(sock, timeout=60)
         self.version = 0
+        self.running: dict[int, object] = {}  # thread id -> its client, while its request runs
 
     def event(self, step: Step, prev: Step | None) -> None:
         if step.kind == "open":
@@ -190,6 +192,7 @@ class EfimEditor:
         from ..errors import Cancelled
 
         with Client(self.sock, timeout=600) as c:
+            self.running[threading.get_ident()] = c
             try:
                 res = c.call("complete", {"path": req.path, "position": _position(req.doc, req.cursor),
                                           "max_tokens": self.max_tokens, "stream": True})
@@ -199,14 +202,22 @@ class EfimEditor:
                     out.t_first = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
                     out.evaluated = e.data["tokens"]["evaluated"]
                 return
+            finally:
+                self.running.pop(threading.get_ident(), None)
         out.t_done = time.perf_counter()
         tm = res["timings"]
         out.t_first = out.t_done - tm["predict_ms"] / 1e3
         out.wait_ms = (out.t_done - out.t_send) * 1e3 - tm["total_ms"]
         out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
 
-    def supersede(self, older: threading.Thread) -> None:
-        pass  # the daemon cancels an older request for the same document by itself
+    def cancel(self, older: threading.Thread) -> None:
+        """The user typed on: cancel the request if it still runs (its id is 1 on its connection)."""
+        c = self.running.get(older.ident)
+        if c is not None:
+            try:
+                c.notify("cancel", {"id": 1})
+            except OSError:
+                pass
 
     def close(self) -> None:
         self.ctl.close()
@@ -252,7 +263,7 @@ class InfillEditor:
         finally:
             conn.close()
 
-    def supersede(self, older: threading.Thread) -> None:
+    def cancel(self, older: threading.Thread) -> None:
         conn = self.conns.pop(older.ident, None)
         if conn is not None and conn.sock is not None:  # llama.vim drops the older job
             try:
@@ -280,12 +291,14 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
         if delay > 0:
             time.sleep(delay)
         if kind == 0:
+            if threads and threads[-1].is_alive() and trace_steps[i].kind != "open":
+                editor.cancel(threads[-1])  # the user typed on
             editor.event(trace_steps[i], prev)
             prev = trace_steps[i]
             continue
         out = outcomes[i] = Outcome(time.perf_counter())
         if threads and threads[-1].is_alive():
-            editor.supersede(threads[-1])
+            editor.cancel(threads[-1])
         th = threading.Thread(target=editor.fire, args=(fired[i], out), daemon=True)
         th.start()
         threads.append(th)

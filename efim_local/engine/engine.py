@@ -34,6 +34,9 @@ from .speed import PrefillSpeed
 from .stream import StopRules
 
 
+UPGRADE_TOKENS = 256  # re-plan a reduced plan once growth has cached this many more prefix tokens
+
+
 def make_planner(model: Model, config: Config) -> tuple[templates.Template, Planner]:
     """The FIM template and the planner a config gives for ``model`` (as the engine plans)."""
     template = templates.resolve(
@@ -140,19 +143,27 @@ class Engine:
         return req.max_prompt_ms if req.max_prompt_ms is not None else self.config.max_prompt_ms
 
     def _fit_budget(self, req: CompletionRequest, plan: Plan) -> Plan:
-        """``plan``, or a reduced one (context nearest the cursor) if its new tokens would not be
-        prefilled within the request's budget. Cached tokens are free."""
+        """``plan``, or a reduced one if its new tokens would not be prefilled within the request's
+        budget. Cached tokens are free: a reduced plan keeps the head of the prefix that a slot
+        already holds (idle growth computes it from the file's top), then spends the budget on the
+        context nearest the cursor. A reduced plan is re-planned when growth has cached much more
+        of the prefix since (that costs at most the budget)."""
         budget = self.budget_ms(req)
         if budget <= 0 or not self.speed.known:
             return plan
-        have = self.reuse.peek(np.asarray(plan.tokens, dtype=np.int32))
-        if self.speed.predict_ms(len(plan.tokens) - have, have) <= budget:
-            return plan
-        allowed = self.speed.max_new(budget)
-        if allowed >= len(plan.tokens):
+        peek = lambda toks: self.reuse.peek(np.asarray(toks, dtype=np.int32))
+        have = peek(plan.tokens)
+        over = self.speed.predict_ms(len(plan.tokens) - have, have) > budget
+        anchor = self.session(req.path).anchor
+        grown = False
+        if not over and plan.reduced:
+            head = peek(self.planner.head_tokens(anchor.full_prefix)) - len(self.planner.head_tokens(()))
+            grown = head >= max(2 * anchor.head, anchor.head + UPGRADE_TOKENS)
+        if not (over or grown):
             return plan
         return self.planner.plan(self.session(req.path), req.text, req.cursor, req.layout,
-                                 reserve=self._max_tokens(req), budget_tokens=allowed)
+                                 reserve=self._max_tokens(req), cached=peek,
+                                 budget_for=lambda n_cached: self.speed.max_new(budget, n_cached))
 
     def complete(self, req: CompletionRequest, on_text=None, should_stop=None, chunk: int | None = None) -> Completion:
         """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``

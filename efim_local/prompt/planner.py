@@ -59,6 +59,9 @@ class Anchor:
     prefix_trimmed: int = 0  # tokens dropped from the prefix's start
     suffix_trimmed: int = 0  # tokens dropped from the suffix's end
     reduced: bool = False  # trimmed to fit a latency budget (idle time grows it back)
+    head: int = 0  # reduced: prefix tokens kept from the file's top (cached), before the dropped gap
+    full_prefix: tuple[int, ...] = ()  # reduced: the untrimmed pieces, so growth never re-tokenizes
+    full_suffix: tuple[int, ...] = ()
 
 
 @dataclass
@@ -108,11 +111,15 @@ class Planner:
     limits: PlannerLimits = field(default_factory=PlannerLimits)
 
     def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None,
-             reserve: int | None = None, budget_tokens: int | None = None) -> Plan:
+             reserve: int | None = None, budget_tokens: int | None = None,
+             cached: Callable[[tuple[int, ...]], int] | None = None,
+             budget_for: Callable[[int], int] | None = None) -> Plan:
         """Plan a request; ``reserve`` is the room kept for output (default: the limits').
 
-        ``budget_tokens``: re-anchor now with at most this many prompt tokens (the latency budget),
-        keeping the context nearest the cursor."""
+        ``budget_tokens``: re-anchor now with at most this many new prompt tokens (the latency
+        budget), spent nearest the cursor. With ``cached(tokens)`` (how many leading tokens of a
+        sequence the KV cache already holds), the cached head of the prefix is kept for free, and
+        ``budget_for(n_cached)`` gives the new tokens affordable after it."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         if not 0 <= cursor <= len(text):
             raise PlanError(f"cursor {cursor} is outside the document (0..{len(text)})")
@@ -121,7 +128,7 @@ class Planner:
             raise PlanError(f"unknown layout {layout!r} (expected one of {', '.join(LAYOUTS)})")
 
         reason = self._keep_or_reason(session, text, cursor, layout)
-        if budget_tokens is not None:
+        if budget_tokens is not None or budget_for is not None:
             reason = LATENCY_BUDGET
         if reason is None:
             anchor = session.anchor
@@ -132,7 +139,7 @@ class Planner:
             elif self._total(anchor.prefix_tokens, anchor.suffix_tokens, middle, reserve) > self.limits.n_ctx:
                 reason = CONTEXT_OVERFLOW
         if reason is not None:
-            anchor = self._anchor(text, cursor, reserve, budget_tokens)
+            anchor = self._anchor(text, cursor, reserve, budget_tokens, cached, budget_for)
             session.anchor = anchor
             session.reanchors += 1
             middle_text = text[anchor.offset:cursor]
@@ -171,7 +178,15 @@ class Planner:
     def full_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor:
         """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
+        if anchor.reduced:
+            return self._fit(anchor.offset, anchor.prefix_text, anchor.suffix_text, 0, reserve,
+                             tokens=(anchor.full_prefix, anchor.full_suffix))
         return self._fit(anchor.offset, anchor.prefix_text, anchor.suffix_text, 0, reserve)
+
+    def head_tokens(self, prefix: tuple[int, ...]) -> tuple[int, ...]:
+        """The tokens a plan starts with, up to and including ``prefix`` (PSM order); () for SPM."""
+        m = self.markers
+        return () if m.order == "spm" else (*m.bos, *m.pre, *prefix)
 
     def assemble(self, layout: str, prefix: Sequence[int], middle: Sequence[int],
                  suffix: Sequence[int]) -> tuple[int, ...]:
@@ -208,35 +223,51 @@ class Planner:
             return SUFFIX_CHANGED
         return None
 
-    def _anchor(self, text: str, cursor: int, reserve: int, budget_tokens: int | None = None) -> Anchor:
+    def _anchor(self, text: str, cursor: int, reserve: int, budget_tokens: int | None = None,
+                cached=None, budget_for=None) -> Anchor:
         offset = line_start(text, cursor)
         middle = self.tokenize(text[offset:cursor])
         if len(middle) > self.limits.max_middle_tokens:
             offset = cursor  # a very long line: anchor at the cursor itself
             middle = []
-        return self._fit(offset, text[:offset], text[cursor:], len(middle), reserve, budget_tokens)
+        return self._fit(offset, text[:offset], text[cursor:], len(middle), reserve, budget_tokens, cached,
+                         budget_for)
 
     def _fit(self, offset: int, prefix_text: str, suffix_text: str, n_middle: int, reserve: int,
-             budget_tokens: int | None = None) -> Anchor:
-        """Tokenize the pieces and trim them to the context (and to ``budget_tokens``, if given)."""
-        prefix = self.tokenize(prefix_text)
-        suffix = self.tokenize(suffix_text)
+             budget_tokens: int | None = None, cached=None, budget_for=None, tokens=None) -> Anchor:
+        """Tokenize the pieces (unless ``tokens`` gives them) and trim them to the context, and to the
+        latency budget if one is given (see plan())."""
+        if tokens:
+            prefix, suffix = list(tokens[0]), list(tokens[1])
+        else:
+            prefix, suffix = self.tokenize(prefix_text), self.tokenize(suffix_text)
+        full = (tuple(prefix), tuple(suffix))
         # Leave room for the middle to grow to its limit before re-anchoring.
         room = min(self.limits.max_middle_tokens, self.limits.n_ctx // 4)
         budget = self.limits.n_ctx - self._total((), (), (), reserve) - room
         if budget < 16:
             raise PlanError(f"context of {self.limits.n_ctx} tokens is too small for this request")
-        reduced = False
-        if budget_tokens is not None:
-            fits = max(0, budget_tokens - self._total((), (), (), 0) - n_middle)
+        reduced, head = False, 0
+        if budget_tokens is not None or budget_for is not None:
+            if cached is not None:  # the prefix's head already in a slot costs nothing
+                lead = len(self.head_tokens(()))
+                head = max(0, min(cached(self.head_tokens(tuple(prefix))) - lead, len(prefix), budget))
+                head = head if head >= 16 else 0
+            new = budget_for(head) if budget_for is not None else budget_tokens
+            fits = head + max(0, new - self._total((), (), (), 0) - n_middle)
             if fits < min(budget, len(prefix) + len(suffix)):
                 budget, reduced = fits, True
+            else:
+                head = 0
         over = len(prefix) + len(suffix) - budget
         p_cut = s_cut = 0
         if over > 0:
-            # Nearby context matters most: keep up to 3/4 of the budget for the prefix.
-            keep_suffix = min(len(suffix), max(budget // 4, budget - len(prefix)))
-            keep_prefix = budget - keep_suffix
-            p_cut, s_cut = len(prefix) - keep_prefix, len(suffix) - keep_suffix
-            prefix, suffix = prefix[p_cut:], suffix[:len(suffix) - s_cut]
-        return Anchor(offset, prefix_text, tuple(prefix), suffix_text, tuple(suffix), p_cut, s_cut, reduced)
+            # Nearby context matters most: keep up to 3/4 of the new tokens for the prefix's tail.
+            spend = budget - head
+            keep_suffix = min(len(suffix), max(spend // 4, spend - (len(prefix) - head)))
+            keep_tail = spend - keep_suffix
+            p_cut, s_cut = len(prefix) - head - keep_tail, len(suffix) - keep_suffix
+            prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
+        if not reduced:
+            return Anchor(offset, prefix_text, tuple(prefix), suffix_text, tuple(suffix), p_cut, s_cut)
+        return Anchor(offset, prefix_text, tuple(prefix), suffix_text, tuple(suffix), p_cut, s_cut, True, head, *full)
