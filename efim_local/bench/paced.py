@@ -201,6 +201,7 @@ class EfimEditor:
                 if isinstance(e.data, dict) and "timings" in e.data:
                     out.t_first = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
                     out.evaluated = e.data["tokens"]["evaluated"]
+                    out.context = e.data.get("context", {})
                 return
             finally:
                 self.running.pop(threading.get_ident(), None)

@@ -38,6 +38,7 @@ class Job:
 
 QUEUE_TIMEOUT = 30.0  # seconds a completion may wait before it is answered "busy"
 SAVE_DELAY = 0.5  # seconds of quiet before dirty slots are saved: a burst of keystrokes is saved once
+IDLE_GRACE = 0.05  # seconds after a reply before idle work starts: a request right behind it never waits
 
 
 class Worker(threading.Thread):
@@ -127,17 +128,19 @@ class Worker(threading.Thread):
     # -- the engine thread ---------------------------------------------------------------
     def run(self) -> None:
         save_at = None  # when to save dirty slots: after SAVE_DELAY of quiet, not after every reply
+        idle_at = 0.0  # idle work waits IDLE_GRACE after the last reply
         while True:
             save = False
             with self.cond:
-                while not (self.jobs or self.calls or self.idle_work or self.stopping):
-                    if save_at is None:
-                        self.cond.wait()
-                    elif time.monotonic() >= save_at:
+                while not (self.jobs or self.calls or self.stopping):
+                    now = time.monotonic()
+                    if self.idle_work and now >= idle_at:
+                        break
+                    if save_at is not None and now >= save_at:
                         save = True
                         break
-                    else:
-                        self.cond.wait(save_at - time.monotonic())
+                    waits = [t - now for t in (save_at, idle_at if self.idle_work else None) if t is not None]
+                    self.cond.wait(min(waits) if waits else None)
                 job = fn = idle = None
                 if self.calls:
                     fn, fut = self.calls.popleft()
@@ -155,6 +158,7 @@ class Worker(threading.Thread):
                 with self.cond:
                     self.running = None
                 save_at = time.monotonic() + SAVE_DELAY
+                idle_at = time.monotonic() + IDLE_GRACE
             elif idle is not None:
                 key, task = idle
                 if not self._quietly(lambda: task(self.engine, self._busy)):  # noqa: B023 - called at once

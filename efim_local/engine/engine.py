@@ -34,7 +34,7 @@ from .speed import PrefillSpeed
 from .stream import StopRules
 
 
-UPGRADE_TOKENS = 256  # re-plan a reduced plan once growth has cached this many more prefix tokens
+UPGRADE_TOKENS = 512  # re-plan a reduced plan once growth has cached twice its head, and this many more
 
 
 def make_planner(model: Model, config: Config) -> tuple[templates.Template, Planner]:
@@ -158,7 +158,7 @@ class Engine:
         grown = False
         if not over and plan.reduced:
             head = peek(self.planner.head_tokens(anchor.full_prefix)) - len(self.planner.head_tokens(()))
-            grown = head >= max(2 * anchor.head, anchor.head + UPGRADE_TOKENS)
+            grown = head >= 2 * max(anchor.head, UPGRADE_TOKENS)
         if not (over or grown):
             return plan
         return self.planner.plan(self.session(req.path), req.text, req.cursor, req.layout,
@@ -177,15 +177,21 @@ class Engine:
             heal = self.model.piece(tokens[cut])
             tokens = tokens[:cut] + tokens[cut + 1:]
         plan_ms = (time.perf_counter() - t0) * 1e3
-        out = self.run(tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
-                       on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk)
+        context = {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
+                   "reduced": plan.reduced}
+        try:
+            out = self.run(tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
+                           on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk)
+        except Cancelled as e:
+            if isinstance(e.data, dict):  # cancelled while generating: say what it answered from
+                e.data["context"] = context
+            raise
         out.timings.plan_ms = plan_ms
         out.layout = plan.layout
         out.reanchor = plan.reanchor
         if plan.prefix_trimmed or plan.suffix_trimmed:
             out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
-        out.context = {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
-                       "reduced": plan.reduced}
+        out.context = context
         return out
 
     def grow(self, path: str, should_stop=None) -> bool:
