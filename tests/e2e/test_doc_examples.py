@@ -30,7 +30,7 @@ EFIM = [sys.executable, "-m", "efim_local.cli"]
 ELLIPSIS = "\N{HORIZONTAL ELLIPSIS}"  # stands for "and other keys" in a JSON object
 
 # Values under these keys depend on time or the machine: only their keys and types are compared.
-VOLATILE = {"timings", "pid", "uptime_s", "threads"}
+VOLATILE = {"timings", "pid", "uptime_s", "threads", "threads_batch", "idle_tasks"}  # machine or timing
 # In the daemon, which slot serves a request, the slots' contents and tier usage also depend on
 # when idle work (prefill, calibration, saving) ran.
 VOLATILE_DAEMON = VOLATILE | {"slot", "slots", "store"}
