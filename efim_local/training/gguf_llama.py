@@ -76,21 +76,13 @@ def write(path: str | Path, cfg: LlamaConfig, tensors: dict[str, np.ndarray], vo
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     w = gguf.GGUFWriter(str(tmp), cfg.arch)
-    w.add_name(name)
-    w.add_context_length(cfg.n_ctx)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
+    write_hparams(w, name, cfg)
     w.add_rope_dimension_count(cfg.head_dim)
     if cfg.arch == "gemma3":
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
         if cfg.n_swa:
             w.add_sliding_window(cfg.n_swa)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
@@ -101,6 +93,25 @@ def write(path: str | Path, cfg: LlamaConfig, tensors: dict[str, np.ndarray], vo
 
     for k in shapes:
         w.add_tensor(k, np.ascontiguousarray(tensors[k], dtype=np.float32))
+    return finish(w, tmp, path)
+
+
+def write_hparams(w, name: str, cfg) -> None:
+    """The hyperparameters every decoder GGUF states (``cfg`` has n_ctx, n_embd, n_layer, n_ff,
+    n_head, n_head_kv, rope_theta, norm_eps)."""
+    w.add_name(name)
+    w.add_context_length(cfg.n_ctx)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_feed_forward_length(cfg.n_ff)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+
+
+def finish(w, tmp: Path, path: Path) -> Path:
+    """Write out a GGUFWriter's file at ``tmp``, then move it into place (never a half file)."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

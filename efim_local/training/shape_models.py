@@ -18,7 +18,7 @@ import numpy as np
 
 from . import bpe
 from .corpus import read_texts, stdlib_files
-from .gguf_llama import write_vocab
+from .gguf_llama import finish, write_hparams, write_vocab
 
 
 @dataclass(frozen=True)
@@ -84,15 +84,7 @@ def build(path: str | Path, shape: Shape, seed: int = 0, progress=None) -> Path:
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     w = gguf.GGUFWriter(str(tmp), "qwen2")
-    w.add_name(f"{shape.name} (random weights, for timing)")
-    w.add_context_length(shape.n_ctx)
-    w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_rope_freq_base(shape.rope_theta)
-    w.add_layer_norm_rms_eps(shape.norm_eps)
+    write_hparams(w, f"{shape.name} (random weights, for timing)", shape)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     write_vocab(w, vocab, unused_from=len(vocab.tokens) - pad)
     rng = np.random.default_rng(seed)
@@ -108,9 +100,4 @@ def build(path: str | Path, shape: Shape, seed: int = 0, progress=None) -> Path:
             w.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         if progress:
             progress(1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(path)
-    return path
+    return finish(w, tmp, path)

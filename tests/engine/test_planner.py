@@ -50,29 +50,6 @@ def test_typing_forward_keeps_anchor_and_prefix(model, doc, data, typed):
         assert plan.tokens[:head] == first.tokens[:head]
 
 
-def test_reanchor_reasons(model):
-    pl, s = make(model, max_middle_tokens=8), FileSession()
-    doc = "def f(x):\n    return x\n\nprint(f(1))\n"
-    cur = doc.index("return") + 3
-    assert pl.plan(s, doc, cur).reanchor == P.NEW_SESSION
-    assert pl.plan(s, doc, cur).reanchor is None
-    doc2 = doc[:cur] + "u" + doc[cur:]
-    assert pl.plan(s, doc2, cur + 1).reanchor is None
-    assert pl.plan(s, doc2, cur + 1, "fim").reanchor == P.LAYOUT_CHANGED
-    assert pl.plan(s, "# hi\n" + doc2, cur + 6, "fim").reanchor == P.EDIT_BEFORE_ANCHOR
-    doc3 = "# hi\n" + doc2
-    assert pl.plan(s, doc3, 2, "fim").reanchor == P.CURSOR_BEFORE_ANCHOR
-    assert pl.plan(s, doc3 + "x", 2, "fim").reanchor == P.SUFFIX_CHANGED
-    long = doc3 + "x"
-    plan = None
-    for i in range(40):
-        long = long[:2] + "word " + long[2:]
-        plan = pl.plan(s, long, 2 + 5 * (i + 1), "fim")
-        if plan.reanchor:
-            break
-    assert plan.reanchor == P.MIDDLE_TOO_LONG
-
-
 def test_overflow_trims_prefix_start_and_suffix_end(model):
     line = "value = compute(alpha, beta)\n"
     doc = line * 200 + "x = " + line * 200
