@@ -29,12 +29,12 @@ class Decoder:
         return self._healer
 
     def prefill(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None,
-                chunk: int | None = None) -> int:
+                chunk=None) -> int:
         """Make ``slot`` hold KV for prompt[:-1] plus logits for the last token; returns tokens evaluated.
 
-        ``should_stop()`` is polled between batches of at most ``chunk`` tokens (default: the batch
-        size); when true, Cancelled is raised and the slot keeps what was decoded so far."""
-        step = min(chunk or self.batch.capacity, self.batch.capacity)
+        ``should_stop()`` is polled between batches of at most ``chunk`` tokens (an int, or a
+        function of the context so far; default: the batch size); when true, Cancelled is raised and
+        the slot keeps what was decoded so far."""
         n_common = min(n_common, len(prompt) - 1)  # the last token is decoded to get logits
         if not self.ctx.seq_rm(slot.seq, n_common, -1):
             self.ctx.seq_rm(slot.seq, 0, -1)  # cannot truncate here: recompute from scratch
@@ -44,7 +44,8 @@ class Decoder:
         while pos < len(prompt):
             if should_stop is not None and should_stop():
                 raise Cancelled()
-            part = prompt[pos:pos + step]
+            step = chunk(pos) if callable(chunk) else chunk or self.batch.capacity
+            part = prompt[pos:pos + min(step, self.batch.capacity)]
             self.batch.clear()
             self.batch.extend(part, pos, slot.seq)
             if pos + len(part) == len(prompt):

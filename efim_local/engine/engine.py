@@ -165,7 +165,7 @@ class Engine:
                                  reserve=self._max_tokens(req), cached=peek,
                                  budget_for=lambda n_cached: self.speed.max_new(budget, n_cached))
 
-    def complete(self, req: CompletionRequest, on_text=None, should_stop=None, chunk: int | None = None) -> Completion:
+    def complete(self, req: CompletionRequest, on_text=None, should_stop=None, chunk=None) -> Completion:
         """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``
         and ``chunk``."""
         t0 = time.perf_counter()
@@ -198,7 +198,7 @@ class Engine:
         """Idle work: put back the context a latency budget took from ``path``'s plan.
 
         Prefills the full plan's stable part (everything but the typed middle) in chunks of
-        ``idle_chunk_tokens``, polling ``should_stop`` between them (Cancelled when it says stop;
+        ``idle_chunk`` tokens, polling ``should_stop`` between them (Cancelled when it says stop;
         what was decoded stays in the slot, so the next call goes on from there). When it is
         complete, the file's anchor becomes the full one, so the next keystroke finds it cached.
         Returns True when the file's plan is full."""
@@ -210,15 +210,23 @@ class Engine:
         full = self.planner.full_anchor(reduced, self.config.max_tokens)
         tokens = self.planner.stable_tokens(session.layout, full)
         self.run(tokens, CompletionRequest("", 0, path=path, max_tokens=0), path=path,
-                 should_stop=should_stop, chunk=self.config.idle_chunk_tokens)
+                 should_stop=should_stop, chunk=self.idle_chunk)
         if session.anchor is reduced:  # nothing re-anchored the file meanwhile
             session.anchor = full
         return True
 
+    def idle_chunk(self, n_ctx: int) -> int:
+        """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about
+        ``idle_chunk_ms`` on this machine now, within [8, idle_chunk_tokens]."""
+        cap = self.config.idle_chunk_tokens
+        if not self.speed.known:
+            return cap
+        return max(8, min(cap, self.speed.max_new(self.config.idle_chunk_ms, n_ctx)))
+
     def prefill(self, path: str, text: str, cursor: int, should_stop=None) -> None:
         """Idle work: compute the full plan anchored at ``cursor`` (no budget, small chunks)."""
         self.complete(CompletionRequest(text, cursor, path=path, max_tokens=0, max_prompt_ms=0),
-                      should_stop=should_stop, chunk=self.config.idle_chunk_tokens)
+                      should_stop=should_stop, chunk=self.idle_chunk)
 
     def calibrate(self, should_stop=None, n: int = 64) -> None:
         """Idle work: measure prefill speed at two context sizes (for the latency budget).
@@ -233,15 +241,14 @@ class Engine:
         try:
             for length in (n, 4 * n):  # a short prompt, then a longer one on top of it
                 t0 = time.perf_counter()
-                done = self.decoder.prefill(slot, tokens[:length], len(slot.tokens), should_stop,
-                                            self.config.idle_chunk_tokens)
+                done = self.decoder.prefill(slot, tokens[:length], len(slot.tokens), should_stop, self.idle_chunk)
                 self.speed.observe(done, length - done, (time.perf_counter() - t0) * 1e3)
         finally:
             self.reuse.clear(slot)
 
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
             t0: float | None = None, on_text=None, checkpoint: int | None = None,
-            should_stop=None, heal: bytes = b"", chunk: int | None = None) -> Completion:
+            should_stop=None, heal: bytes = b"", chunk=None) -> Completion:
         """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV.
 
         ``checkpoint`` is the prompt length worth saving for sliding-window models.
