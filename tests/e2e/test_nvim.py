@@ -80,3 +80,26 @@ def test_typing_again_dismisses_and_dismiss_key(nvim_with_daemon):
     nvim.input("<C-e>")  # dismiss
     assert wait_for(lambda: not nvim.exec_lua('return require("efim").visible()'))
     assert nvim.current.buffer[1] == "x = os."
+
+
+def test_entering_a_file_and_moving_the_cursor_prefill_it(nvim_with_daemon):
+    """didOpen on BufEnter and a cursor notification when the cursor settles: the first request on
+    that line finds its plan cached."""
+    from efim_local.daemon.client import Client
+
+    nvim, tmp = nvim_with_daemon
+    src = tmp / "big.py"
+    src.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n\n" for i in range(100)))
+    nvim.exec_lua('require("efim").setup({ debounce_ms = 30, max_tokens = 2, cursor_debounce_ms = 50 })')
+    nvim.command(f"edit {src}")
+    sock = os.environ.get("EFIM_SOCKET") or nvim.exec_lua('return os.getenv("EFIM_SOCKET")')
+    with Client(sock) as c:
+        assert wait_for(lambda: c.call("status")["documents"] == 1), "the buffer was not opened in the daemon"
+        nvim.current.window.cursor = (201, 4)
+        nvim.command("doautocmd CursorMoved")  # headless Neovim fires no cursor events by itself
+        assert wait_for(lambda: c.call("status")["idle_tasks"] == 0 and any(
+            s["path"] == str(src) and s["tokens"] > 500 for s in c.call("status")["slots"]))
+        time.sleep(0.3)
+        assert wait_for(lambda: c.call("status")["idle_tasks"] == 0)
+        out = c.call("complete", {"path": str(src), "position": {"line": 200, "character": 4}, "max_tokens": 2})
+    assert out["reanchor"] is None and out["cache_tier"] == "slot" and out["tokens"]["evaluated"] <= 2, out

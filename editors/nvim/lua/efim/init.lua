@@ -4,7 +4,10 @@
 --
 -- While you type in insert mode the plugin waits `debounce_ms`, asks the daemon for a completion
 -- at the cursor, and shows it as virtual text. `accept_key` inserts it, `dismiss_key` hides it.
--- A newer request supersedes (and cancels) the older one.
+-- A newer request supersedes (and cancels) the older one. Files are warm before the first key:
+-- entering a buffer opens it in the daemon (`didOpen`, which prefills it), and when the cursor
+-- settles on another line (`cursor_debounce_ms`) the plugin syncs the text and sends a `cursor`
+-- notification, so the daemon prefills the plan anchored there while you read.
 local M = {}
 local uv = vim.loop
 local ns = vim.api.nvim_create_namespace("efim")
@@ -17,10 +20,11 @@ M.config = {
   dismiss_key = "<C-e>",
   auto = true, -- request while typing; false: only on M.trigger()
   highlight = "Comment",
+  cursor_debounce_ms = 300, -- the cursor settled on a line: prefill there (0: off)
 }
 
 local st = { pipe = nil, connected = false, outbox = {}, inbuf = "", next_id = 0, handlers = {},
-             timer = nil, current = nil, suggestion = nil }
+             timer = nil, current = nil, suggestion = nil, cursor_timer = nil, cursor_at = {} }
 
 local function socket_path()
   if M.config.socket then return M.config.socket end
@@ -79,6 +83,53 @@ local function send(method, params, handler)
   local data = vim.json.encode({ jsonrpc = "2.0", id = id, method = method, params = params }) .. "\n"
   if st.connected then st.pipe:write(data) else table.insert(st.outbox, data) end
   return id
+end
+
+local function notify(method, params)
+  connect()
+  local data = vim.json.encode({ jsonrpc = "2.0", method = method, params = params }) .. "\n"
+  if st.connected then st.pipe:write(data) else table.insert(st.outbox, data) end
+end
+
+local function doc_path(bufnr)
+  local path = vim.api.nvim_buf_get_name(bufnr)
+  if path == "" then path = "buffer-" .. bufnr end
+  return path
+end
+
+local function is_file(bufnr)
+  return vim.bo[bufnr].buftype == "" and vim.api.nvim_buf_get_name(bufnr) ~= ""
+end
+
+local function buf_text(bufnr)
+  return table.concat(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false), "\n")
+end
+
+-- A file buffer was entered: open it in the daemon (which prefills it when idle).
+local function did_open()
+  local bufnr = vim.api.nvim_get_current_buf()
+  if not is_file(bufnr) then return end
+  notify("didOpen", { path = doc_path(bufnr), text = buf_text(bufnr), root = vim.fn.getcwd() })
+  st.cursor_at[bufnr] = nil
+end
+
+-- The cursor settled on another line: sync the text, then ask the daemon to prefill there.
+local function cursor_settled()
+  local bufnr = vim.api.nvim_get_current_buf()
+  if not is_file(bufnr) then return end
+  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+  if st.cursor_at[bufnr] == row then return end
+  st.cursor_at[bufnr] = row
+  local line = vim.api.nvim_buf_get_lines(bufnr, row - 1, row, false)[1] or ""
+  local path = doc_path(bufnr)
+  notify("didChange", { path = path, contentChanges = { { text = buf_text(bufnr) } } })
+  notify("cursor", { path = path, position = { line = row - 1, character = vim.str_utfindex(line, col) } })
+end
+
+local function schedule_cursor()
+  if M.config.cursor_debounce_ms <= 0 then return end
+  if st.cursor_timer then st.cursor_timer:stop() else st.cursor_timer = uv.new_timer() end
+  st.cursor_timer:start(M.config.cursor_debounce_ms, 0, vim.schedule_wrap(cursor_settled))
 end
 
 function M.dismiss()
@@ -164,6 +215,11 @@ function M.setup(opts)
     vim.api.nvim_create_autocmd({ "TextChangedI", "TextChangedP" }, { group = group, callback = schedule })
   end
   vim.api.nvim_create_autocmd({ "InsertLeave", "BufLeave" }, { group = group, callback = M.dismiss })
+  vim.api.nvim_create_autocmd("BufEnter", { group = group, callback = did_open })
+  vim.api.nvim_create_autocmd({ "CursorMoved", "CursorMovedI" }, { group = group, callback = schedule_cursor })
+  vim.api.nvim_create_autocmd("BufDelete", { group = group, callback = function(ev)
+    if is_file(ev.buf) then notify("didClose", { path = doc_path(ev.buf) }) end
+  end })
   vim.keymap.set("i", M.config.accept_key, function()
     if not M.accept() then
       vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(M.config.accept_key, true, false, true), "n", false)
