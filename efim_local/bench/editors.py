@@ -1,0 +1,151 @@
+"""The editors of the paced replay: what an editor sends each backend, and when it gives up.
+
+- :class:`EfimEditor`: efim's daemon with synced documents, cursor notifications and cancels.
+- :class:`InfillEditor`: llama-server ``/infill`` the way llama.vim calls it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # paced.py imports this module
+    from .paced import Fired, Step
+
+
+def _position(doc: str, offset: int) -> dict:
+    line = doc.count("\n", 0, offset)
+    return {"line": line, "character": offset - (doc.rfind("\n", 0, offset) + 1)}
+
+
+@dataclass
+class Outcome:
+    t_send: float
+    t_first: float | None = None
+    t_done: float | None = None
+    cancelled: bool = False
+    context: dict = field(default_factory=dict)
+    evaluated: int | None = None
+    reanchor: str | None = None
+    wait_ms: float | None = None  # round trip less the backend's own time: queueing and IPC
+
+
+class EfimEditor:
+    """An editor talking to efim's daemon: synced documents, cursor notifications, cancelling."""
+
+    name = "efim"
+
+    def __init__(self, sock: Path, max_tokens: int):
+        from ..daemon.client import Client
+
+        self.sock, self.max_tokens = sock, max_tokens
+        self.ctl = Client(sock, timeout=60)
+        self.version = 0
+        self.running: dict[int, object] = {}  # thread id -> its client, while its request runs
+
+    def event(self, step: Step, prev: Step | None) -> None:
+        if step.kind == "open":
+            self.ctl.call("didOpen", {"path": step.path, "text": step.doc, "version": 0})
+            return
+        if step.change is not None:
+            s, e, text = step.change
+            self.version += 1
+            doc = prev.doc
+            self.ctl.call("didChange", {"path": step.path, "version": self.version, "contentChanges": [
+                {"range": {"start": _position(doc, s), "end": _position(doc, e)}, "text": text}]})
+        if prev is None or prev.doc.count("\n", 0, prev.cursor) != step.doc.count("\n", 0, step.cursor) \
+                or step.kind == "jump":
+            self.ctl.notify("cursor", {"path": step.path, "offset": step.cursor})
+
+    def fire(self, req: Fired, out: Outcome) -> None:
+        from ..daemon.client import Client
+        from ..errors import Cancelled
+
+        with Client(self.sock, timeout=600) as c:
+            self.running[threading.get_ident()] = c
+            try:
+                res = c.call("complete", {"path": req.path, "position": _position(req.doc, req.cursor),
+                                          "max_tokens": self.max_tokens, "stream": True})
+            except Cancelled as e:  # superseded; it says how far it got if it had started generating
+                out.cancelled = True
+                if isinstance(e.data, dict) and "timings" in e.data:
+                    out.t_first = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
+                    out.evaluated = e.data["tokens"]["evaluated"]
+                    out.context = e.data.get("context", {})
+                return
+            finally:
+                self.running.pop(threading.get_ident(), None)
+        out.t_done = time.perf_counter()
+        tm = res["timings"]
+        out.t_first = out.t_done - tm["predict_ms"] / 1e3
+        out.wait_ms = (out.t_done - out.t_send) * 1e3 - tm["total_ms"]
+        out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
+
+    def cancel(self, older: threading.Thread) -> None:
+        """The user typed on: cancel the request if it still runs (its id is 1 on its connection)."""
+        c = self.running.get(older.ident)
+        if c is not None:
+            try:
+                c.notify("cancel", {"id": 1})
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.ctl.close()
+
+
+class InfillEditor:
+    """An editor talking to llama-server ``/infill`` the way llama.vim does."""
+
+    name = "llama-server /infill"
+
+    def __init__(self, server, max_tokens: int):
+        self.server, self.max_tokens = server, max_tokens
+        self.conns: dict[int, http.client.HTTPConnection] = {}
+
+    def event(self, step: Step, prev: Step | None) -> None:
+        pass  # /infill gets the whole text with each request
+
+    def fire(self, req: Fired, out: Outcome) -> None:
+        from .peers import SAMPLING
+
+        line = req.doc.rfind("\n", 0, req.cursor) + 1
+        body = {"input_prefix": req.doc[:line], "prompt": req.doc[line:req.cursor],
+                "input_suffix": req.doc[req.cursor:], "input_extra": [], "n_predict": self.max_tokens,
+                **SAMPLING, "stream": True}
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=600)
+        self.conns[threading.get_ident()] = conn
+        try:
+            conn.request("POST", "/infill", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            for raw in resp:
+                if not raw.startswith(b"data: "):
+                    continue
+                msg = json.loads(raw[6:])
+                if msg.get("stop"):
+                    timings = msg.get("timings", {})
+                    break
+            out.t_done = time.perf_counter()
+            out.evaluated = timings.get("prompt_n")
+            out.t_first = out.t_done - timings.get("predicted_ms", 0.0) / 1e3
+            out.wait_ms = (out.t_done - out.t_send) * 1e3 - timings.get("prompt_ms", 0) - timings.get("predicted_ms", 0)
+        except (OSError, http.client.HTTPException, ValueError):
+            out.cancelled = True
+        finally:
+            conn.close()
+
+    def cancel(self, older: threading.Thread) -> None:
+        conn = self.conns.pop(older.ident, None)
+        if conn is not None and conn.sock is not None:  # llama.vim drops the older job
+            try:
+                conn.sock.shutdown(2)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        pass

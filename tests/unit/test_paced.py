@@ -1,0 +1,36 @@
+"""The paced replay's typing model: human pacing, auto-pairs, debounced requests (no model)."""
+
+import math
+import statistics
+
+from efim_local.bench import paced
+from efim_local.bench.trace import Commit, load
+
+BEFORE = "def f(x):\n    return x\n"
+AFTER = "def f(x):\n    y = g(x, [1])\n    return y\n"
+
+
+def test_typing_ends_on_the_commit_text_with_auto_pairs():
+    st = paced.steps([Commit("f.py", "sha", "subject", BEFORE, AFTER)])
+    assert st[0].kind == "open" and st[-1].doc == AFTER
+    pairs = [s for s in st if s.kind == "key" and s.change and s.change[2] in ("()", "[]")]
+    overs = [s for s in st if s.kind == "over"]
+    assert len(pairs) == 2 and len(overs) == 2  # "(" and "[" inserted their closers, typed over later
+    for s in pairs:  # the closer sits right after the cursor
+        assert s.doc[s.cursor] == s.change[2][1]
+    assert all(b.t > a.t for a, b in zip(st, st[1:]))
+
+
+def test_pacing_defaults_and_debounce():
+    st = paced.steps(load()[:3])
+    keys = [b.t - a.t for a, b in zip(st, st[1:]) if b.kind == "key" and a.kind == "key" and a.change[2] != "\n"]
+    assert abs(statistics.median(keys) - 0.18) < 0.02  # log-normal, median 180 ms
+    jumps = [b.t - a.t for a, b in zip(st, st[1:]) if b.kind == "jump"]
+    assert min(jumps) >= 2.0
+    fired = paced.requests(st)
+    pacing = paced.Pacing()
+    for f in fired:  # a request fires only when typing paused for the debounce
+        s = st[f.step]
+        assert math.isclose(f.t, s.t + pacing.debounce_s) and f.next_key_t - s.t > pacing.debounce_s
+        assert (f.doc, f.cursor) == (s.doc, s.cursor)
+    assert len(paced.requests(st, limit=10)) == 10
