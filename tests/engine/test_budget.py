@@ -42,17 +42,37 @@ def test_plans_never_exceed_the_budget(engine, doc, at, budget, layout):
     cur = text.index("\n", int(len(text) * at)) + 1 if "\n" in text[int(len(text) * at):] else len(text)
     path = f"budget-{doc}-{layout}.py"
     engine.forget(path)
+    engine.clear_slots()  # every example starts cold (no cached head of the prefix)
     out = engine.complete(CompletionRequest(text, cur, path=path, layout=layout, max_prompt_ms=budget, max_tokens=2))
     assert out.tokens.evaluated * MS_PER_TOKEN <= budget  # cached tokens are free
     prefix, suffix = engine.planner.tokenize(text[:cur]), engine.planner.tokenize(text[cur:])
     plan = engine.plan(CompletionRequest(text, cur, path=path, layout=layout))
     if len(prefix) + len(suffix) + 3 > budget:  # it could not all fit: the nearest context is kept
         assert out.context["reduced"] and out.reanchor == "latency_budget"
-        assert list(plan.prefix_tokens) == prefix[len(prefix) - len(plan.prefix_tokens):]
+        head = engine.session(path).anchor.head  # 0 here: nothing was cached
+        assert head == 0 and list(plan.prefix_tokens) == prefix[len(prefix) - len(plan.prefix_tokens):]
         assert list(plan.suffix_tokens) == suffix[:len(plan.suffix_tokens)]
         assert len(plan.prefix_tokens) >= min(len(prefix), (budget - 3) // 2)  # most of it before the cursor
     else:
         assert not out.context["reduced"] and len(plan.prefix_tokens) == len(prefix)
+
+
+def test_a_reduced_plan_keeps_the_cached_head_of_the_prefix(engine):
+    """Cached tokens are free: what a slot holds of the file's top stays, the budget buys the tail."""
+    text, path = DOCS[2], "head.py"
+    cur = text.index("\n", 4000) + 1
+    top = text.index("\n", 1500) + 1  # a plan anchored higher up: its prefix is the file's top
+    engine.complete(CompletionRequest(text, top, path="top.py", layout="efim", max_prompt_ms=0))
+    out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150))
+    anchor = engine.session(path).anchor
+    prefix = engine.planner.tokenize(text[:cur])
+    assert out.context["reduced"] and anchor.head >= 300 and out.tokens.evaluated <= 150
+    assert out.tokens.cached >= anchor.head  # the head came from the other plan's slot
+    tail = len(anchor.prefix_tokens) - anchor.head
+    assert list(anchor.prefix_tokens) == prefix[:anchor.head] + prefix[len(prefix) - tail:]
+    cold = engine.run(engine.plan(CompletionRequest(text, cur, path=path, layout="efim")).tokens,
+                      CompletionRequest("", 0, max_tokens=8), cold=True)
+    assert out.token_ids == cold.token_ids  # the same plan, computed cold, answers the same
 
 
 def test_keystrokes_after_a_reduced_plan_stay_cheap(engine):
