@@ -194,18 +194,17 @@ class Engine:
         out.context = context
         return out
 
-    def grow(self, path: str, should_stop=None) -> bool:
+    def grow(self, path: str, should_stop=None) -> None:
         """Idle work: put back the context a latency budget took from ``path``'s plan.
 
         Prefills the full plan's stable part (everything but the typed middle) in chunks of
         ``idle_chunk`` tokens, polling ``should_stop`` between them (Cancelled when it says stop;
         what was decoded stays in the slot, so the next call goes on from there). When it is
-        complete, the file's anchor becomes the full one, so the next keystroke finds it cached.
-        Returns True when the file's plan is full."""
+        complete, the file's anchor becomes the full one, so the next keystroke finds it cached."""
         f = self.files.get(path)
         session = f.session if f is not None else None
         if session is None or session.anchor is None or not session.anchor.reduced:
-            return True
+            return
         reduced = session.anchor
         full = self.planner.full_anchor(reduced, self.config.max_tokens)
         tokens = self.planner.stable_tokens(session.layout, full)
@@ -213,7 +212,6 @@ class Engine:
                  should_stop=should_stop, chunk=self.idle_chunk)
         if session.anchor is reduced:  # nothing re-anchored the file meanwhile
             session.anchor = full
-        return True
 
     def idle_chunk(self, n_ctx: int) -> int:
         """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about

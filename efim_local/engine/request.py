@@ -11,7 +11,7 @@ see docs/protocol.md), and the CLI turns the same fields into options
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import InvalidParams
@@ -90,11 +90,6 @@ def check(name: str, v: Any, meta: dict) -> Any:
     if choices and v not in choices:
         raise InvalidParams(f"invalid params: {name!r} must be one of {', '.join(map(repr, choices))}")
     return float(v) if kind is float else v
-
-
-def field_default(name: str) -> Any:
-    f = CompletionRequest.__dataclass_fields__[name]
-    return None if f.default is MISSING else f.default
 
 
 @dataclass
