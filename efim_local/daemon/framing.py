@@ -89,7 +89,10 @@ def request(rid, method: str, params: dict | None = None) -> bytes:
 
 
 def _frame(obj: dict) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    except UnicodeEncodeError:  # a lone surrogate (valid in JSON text, not in UTF-8): escape it
+        return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 def read_lines(sock: socket.socket) -> Iterator[bytes | None]:

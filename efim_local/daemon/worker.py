@@ -154,7 +154,7 @@ class Worker(threading.Thread):
             if fn is not None:
                 self._call(fn, fut)
             elif job is not None:
-                self._complete(job)
+                self._quietly(lambda: self._complete(job))  # noqa: B023 - never lets the thread die
                 with self.cond:
                     self.running = None
                 save_at = time.monotonic() + SAVE_DELAY

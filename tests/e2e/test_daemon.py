@@ -341,3 +341,16 @@ def test_watcher_refreshes_changed_files(tmp_path, tiny_model):
             assert out["cache_tier"] == "slot" and out["tokens"]["evaluated"] == 1
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("frame", [
+    b'{"jsonrpc": "2.0", "id": "\\ud800", "method": "complete", "params": {"path": "s.py", "text": "x = 1\\n", "offset": 3}}\n',
+    b'{"jsonrpc": "2.0", "id": 5, "method": "complete", "params": {"path": "s.py", "text": "x = \\ud800\\n", "offset": 3}}\n',
+    b'{"jsonrpc": "2.0", "id": "\\udfff", "method": "status"}\n',
+])
+def test_lone_surrogates_get_a_reply_and_the_engine_lives_on(daemon, frame):
+    """A lone surrogate (valid JSON, not UTF-8) once killed the engine thread for good."""
+    reply, = raw_exchange(daemon, [frame])
+    assert "result" in reply or "error" in reply
+    with daemon.client() as c:  # the engine thread still answers
+        assert complete(c, path="after-surrogate.py")["tokens"]["prompt"] > 0
