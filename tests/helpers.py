@@ -81,11 +81,18 @@ def apply(doc: str, cur: int, edit: tuple) -> tuple[str, int]:
 
 # -- a daemon in a subprocess -------------------------------------------------------------------
 class Daemon:
-    """``efim serve`` on its own socket and state directories, in a subprocess."""
+    """``efim serve`` on its own socket and state directories, in a subprocess.
 
-    def __init__(self, tmp: Path, model: Path, *extra: str):
+    The latency budget is off (``max_prompt_ms = 0``) unless ``budget_ms`` is given: protocol tests
+    assert exact token counts, which a budget learned on a loaded test machine may reduce. The
+    budget has tests of its own (tests/engine/test_budget.py, an injected speed)."""
+
+    def __init__(self, tmp: Path, model: Path, *extra: str, budget_ms: float = 0.0):
         self.sock = tmp / "run" / "efim.sock"
-        self.env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "config.toml").write_text(f"max_prompt_ms = {budget_ms}\n")
+        self.env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"),
+                        EFIM_CONFIG=str(tmp / "config.toml"))
         self.args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(self.sock),
                      "--model", str(model), "--n-ctx", "2048", *extra]
         self.proc: subprocess.Popen | None = None

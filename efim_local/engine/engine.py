@@ -237,10 +237,13 @@ class Engine:
         seed = np.asarray(self.model.tokenize("def f(x):\n    return x + 1\n"), dtype=np.int32)
         tokens = np.resize(seed, 4 * n)
         try:
-            for length in (n, 4 * n):  # a short prompt, then a longer one on top of it
-                t0 = time.perf_counter()
-                done = self.decoder.prefill(slot, tokens[:length], len(slot.tokens), should_stop, self.idle_chunk)
-                self.speed.observe(done, length - done, (time.perf_counter() - t0) * 1e3)
+            for _ in range(2):  # twice: the second pass runs warm (start-up competes for the CPU)
+                self.reuse.clear(slot)
+                for length in (n, 4 * n):  # a short prompt, then a longer one on top of it
+                    t0 = time.perf_counter()
+                    done = self.decoder.prefill(slot, tokens[:length], len(slot.tokens), should_stop,
+                                                self.idle_chunk)
+                    self.speed.observe(done, length - done, (time.perf_counter() - t0) * 1e3)
         finally:
             self.reuse.clear(slot)
 
