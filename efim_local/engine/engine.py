@@ -23,7 +23,7 @@ from ..llama import Batch, Context, Model, Sampler, SamplerParams
 from ..llama._lib import library_info
 from ..prompt import templates
 from ..prompt.healing import Healer
-from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits
+from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, line_start
 from .decode import Decoder
 from .files import Files
 from .models import default_layout
@@ -161,9 +161,13 @@ class Engine:
             grown = head >= 2 * max(anchor.head, UPGRADE_TOKENS)
         if not (over or grown):
             return plan
+        # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line
+        # never tokenizes the file again.
+        same = plan.reanchor is not None and anchor.offset == line_start(req.text, req.cursor)
         return self.planner.plan(self.session(req.path), req.text, req.cursor, req.layout,
                                  reserve=self._max_tokens(req), cached=peek,
-                                 budget_for=lambda n_cached: self.speed.max_new(budget, n_cached))
+                                 budget_for=lambda n_cached: self.speed.max_new(budget, n_cached),
+                                 pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)
 
     def complete(self, req: CompletionRequest, on_text=None, should_stop=None, chunk=None) -> Completion:
         """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``

@@ -60,7 +60,7 @@ class Anchor:
     suffix_trimmed: int = 0  # tokens dropped from the suffix's end
     reduced: bool = False  # trimmed to fit a latency budget (idle time grows it back)
     head: int = 0  # reduced: prefix tokens kept from the file's top (cached), before the dropped gap
-    full_prefix: tuple[int, ...] = ()  # reduced: the untrimmed pieces, so growth never re-tokenizes
+    full_prefix: tuple[int, ...] = ()  # the untrimmed pieces, so a budget or growth never re-tokenizes
     full_suffix: tuple[int, ...] = ()
 
 
@@ -113,13 +113,15 @@ class Planner:
     def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None,
              reserve: int | None = None, budget_tokens: int | None = None,
              cached: Callable[[tuple[int, ...]], int] | None = None,
-             budget_for: Callable[[int], int] | None = None) -> Plan:
+             budget_for: Callable[[int], int] | None = None,
+             pieces: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Plan:
         """Plan a request; ``reserve`` is the room kept for output (default: the limits').
 
         ``budget_tokens``: re-anchor now with at most this many new prompt tokens (the latency
         budget), spent nearest the cursor. With ``cached(tokens)`` (how many leading tokens of a
         sequence the KV cache already holds), the cached head of the prefix is kept for free, and
-        ``budget_for(n_cached)`` gives the new tokens affordable after it."""
+        ``budget_for(n_cached)`` gives the new tokens affordable after it. ``pieces``: the prefix and
+        suffix tokens of an anchor just made at this cursor, so they are not tokenized again."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         if not 0 <= cursor <= len(text):
             raise PlanError(f"cursor {cursor} is outside the document (0..{len(text)})")
@@ -139,7 +141,7 @@ class Planner:
             elif self._total(anchor.prefix_tokens, anchor.suffix_tokens, middle, reserve) > self.limits.n_ctx:
                 reason = CONTEXT_OVERFLOW
         if reason is not None:
-            anchor = self._anchor(text, cursor, reserve, budget_tokens, cached, budget_for)
+            anchor = self._anchor(text, cursor, reserve, budget_tokens, cached, budget_for, pieces)
             session.anchor = anchor
             session.reanchors += 1
             middle_text = text[anchor.offset:cursor]
@@ -178,10 +180,8 @@ class Planner:
     def full_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor:
         """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
-        if anchor.reduced:
-            return self._fit(anchor.offset, anchor.prefix_text, anchor.suffix_text, 0, reserve,
-                             tokens=(anchor.full_prefix, anchor.full_suffix))
-        return self._fit(anchor.offset, anchor.prefix_text, anchor.suffix_text, 0, reserve)
+        return self._fit(anchor.offset, anchor.prefix_text, anchor.suffix_text, 0, reserve,
+                         tokens=(anchor.full_prefix, anchor.full_suffix))
 
     def head_tokens(self, prefix: tuple[int, ...]) -> tuple[int, ...]:
         """The tokens a plan starts with, up to and including ``prefix`` (PSM order); () for SPM."""
@@ -224,14 +224,14 @@ class Planner:
         return None
 
     def _anchor(self, text: str, cursor: int, reserve: int, budget_tokens: int | None = None,
-                cached=None, budget_for=None) -> Anchor:
+                cached=None, budget_for=None, pieces=None) -> Anchor:
         offset = line_start(text, cursor)
         middle = self.tokenize(text[offset:cursor])
         if len(middle) > self.limits.max_middle_tokens:
             offset = cursor  # a very long line: anchor at the cursor itself
             middle = []
         return self._fit(offset, text[:offset], text[cursor:], len(middle), reserve, budget_tokens, cached,
-                         budget_for)
+                         budget_for, pieces)
 
     def _fit(self, offset: int, prefix_text: str, suffix_text: str, n_middle: int, reserve: int,
              budget_tokens: int | None = None, cached=None, budget_for=None, tokens=None) -> Anchor:
@@ -268,6 +268,5 @@ class Planner:
             keep_tail = spend - keep_suffix
             p_cut, s_cut = len(prefix) - head - keep_tail, len(suffix) - keep_suffix
             prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
-        if not reduced:
-            return Anchor(offset, prefix_text, tuple(prefix), suffix_text, tuple(suffix), p_cut, s_cut)
-        return Anchor(offset, prefix_text, tuple(prefix), suffix_text, tuple(suffix), p_cut, s_cut, True, head, *full)
+        kept = (full[0] if not p_cut else tuple(prefix), full[1] if not s_cut else tuple(suffix))
+        return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], p_cut, s_cut, reduced, head, *full)

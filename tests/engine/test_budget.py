@@ -134,3 +134,15 @@ def test_growth_in_idle_steps_is_exact(engine, reference, doc, at, polls, typed)
     assert plan.reanchor is None
     cold = reference.run(plan.tokens, CompletionRequest("", 0, max_tokens=6), cold=True)
     assert warm.token_ids == cold.token_ids
+
+
+def test_a_budgeted_reanchor_tokenizes_the_file_once(engine, monkeypatch):
+    text, path = DOCS[3], "once.py"
+    cur = text.index("\n", 3000) + 1
+    engine.forget(path)
+    calls = []
+    real = engine.planner.tokenize
+    monkeypatch.setattr(engine.planner, "tokenize", lambda s: calls.append(len(s)) or real(s))
+    out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100))
+    assert out.context["reduced"]
+    assert sum(n > 1000 for n in calls) == 2, calls  # the prefix and the suffix, once each
