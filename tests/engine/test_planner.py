@@ -67,17 +67,6 @@ def test_overflow_trims_prefix_start_and_suffix_end(model):
     assert len(plan.prefix_tokens) >= len(plan.suffix_tokens)
 
 
-def test_context_overflow_reason_when_output_does_not_fit(model):
-    pl = make(model, n_ctx=300, max_middle_tokens=32, reserve_tokens=16)
-    s = FileSession()
-    doc = "a = 1\n" * 80
-    assert pl.plan(s, doc, len(doc)).reanchor == P.NEW_SESSION
-    # A request that wants more output than was reserved forces a trim.
-    plan = pl.plan(s, doc, len(doc), reserve=200)
-    assert plan.reanchor == P.CONTEXT_OVERFLOW
-    assert len(plan.tokens) + 200 <= 300 and plan.prefix_trimmed > 0
-
-
 def test_bad_cursor_and_layout(model):
     pl = make(model)
     with pytest.raises(P.PlanError, match="outside the document"):
