@@ -109,6 +109,10 @@ class ModelError(BackendError):
     exit_code = 2
 
 
+class DownloadError(EfimError):
+    """A model download failed (network, unknown repository or file, no access)."""
+
+
 class NoKvSlot(BackendError):
     """llama_decode returned 1: no room in the KV cache. Recoverable: free cells and retry."""
 

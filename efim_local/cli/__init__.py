@@ -118,4 +118,4 @@ def pairs(d: dict) -> str:
     return "  ".join(f"{k}={v}" for k, v in d.items())
 
 
-from . import bench, cache, complete, daemon  # noqa: E402,F401  (registers the commands)
+from . import bench, cache, complete, daemon, models  # noqa: E402,F401  (registers the commands)

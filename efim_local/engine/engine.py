@@ -26,7 +26,7 @@ from ..prompt.healing import Healer
 from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, line_start
 from .decode import Decoder
 from .files import Files
-from .models import default_layout
+from .models import choose_layout, default_layout
 from .request import Completion, CompletionRequest, Timings, TokenCounts
 from .reuse import Reuse
 from .slots import SlotManager
@@ -95,6 +95,7 @@ class Engine:
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
             self.default_layout, self.fragment_trained = default_layout(self.model.meta, config.layout)
+            self.layout_reason = choose_layout(self.model.meta, config.layout)[1]
             self.speed = PrefillSpeed()  # learned from every prefill; the latency budget asks it
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
@@ -169,9 +170,10 @@ class Engine:
                                  budget_for=lambda n_cached: self.speed.max_new(budget, n_cached),
                                  pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)
 
-    def complete(self, req: CompletionRequest, on_text=None, should_stop=None, chunk=None) -> Completion:
-        """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``
-        and ``chunk``."""
+    def complete(self, req: CompletionRequest, on_text=None, should_stop=None, chunk=None,
+                 idle: bool = False) -> Completion:
+        """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``,
+        ``chunk`` and ``idle``."""
         t0 = time.perf_counter()
         plan = self._fit_budget(req, self.plan(req))
         tokens, heal = plan.tokens, b""
@@ -185,7 +187,7 @@ class Engine:
                    "reduced": plan.reduced}
         try:
             out = self.run(tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
-                           on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk)
+                           on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk, idle=idle)
         except Cancelled as e:
             if isinstance(e.data, dict):  # cancelled while generating: say what it answered from
                 e.data["context"] = context
@@ -213,9 +215,10 @@ class Engine:
         full = self.planner.full_anchor(reduced, self.config.max_tokens)
         tokens = self.planner.stable_tokens(session.layout, full)
         self.run(tokens, CompletionRequest("", 0, path=path, max_tokens=0), path=path,
-                 should_stop=should_stop, chunk=self.idle_chunk)
+                 should_stop=should_stop, chunk=self.idle_chunk, idle=True)
         if session.anchor is reduced:  # nothing re-anchored the file meanwhile
             session.anchor = full
+            self.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
 
     def idle_chunk(self, n_ctx: int) -> int:
         """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about
@@ -228,7 +231,7 @@ class Engine:
     def prefill(self, path: str, text: str, cursor: int, should_stop=None) -> None:
         """Idle work: compute the full plan anchored at ``cursor`` (no budget, small chunks)."""
         self.complete(CompletionRequest(text, cursor, path=path, max_tokens=0, max_prompt_ms=0),
-                      should_stop=should_stop, chunk=self.idle_chunk)
+                      should_stop=should_stop, chunk=self.idle_chunk, idle=True)
 
     def calibrate(self, should_stop=None, n: int = 64) -> None:
         """Idle work: measure prefill speed at two context sizes (for the latency budget).
@@ -253,8 +256,9 @@ class Engine:
 
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
             t0: float | None = None, on_text=None, checkpoint: int | None = None,
-            should_stop=None, heal: bytes = b"", chunk=None) -> Completion:
-        """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV.
+            should_stop=None, heal: bytes = b"", chunk=None, idle: bool = False) -> Completion:
+        """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV;
+        ``idle`` work leaves the KV of the requests' slots whole (it grows a copy).
 
         ``checkpoint`` is the prompt length worth saving for sliding-window models.
         ``should_stop()`` is polled between batches (of at most ``chunk`` tokens) and tokens; when
@@ -266,7 +270,7 @@ class Engine:
         if len(prompt) == 0:
             raise InvalidParams("invalid params: the prompt is empty")
         want_sparse = req.sparse if req.sparse is not None else self.config.sparse_budget > 0
-        start = self.reuse.start(prompt, path, want_sparse, cold)
+        start = self.reuse.start(prompt, path, want_sparse, cold, idle)
         slot = start.slot
         max_tokens = self._max_tokens(req)
         room = self.config.context.n_ctx_seq - len(prompt)
@@ -330,7 +334,8 @@ class Engine:
         ctx = self.config.context
         return {
             "model": str(self.model.path), "description": self.model.description(), **library_info(),
-            "layout": self.default_layout, "fragment_trained": self.fragment_trained,
+            "layout": self.default_layout, "layout_reason": self.layout_reason,
+            "fragment_trained": self.fragment_trained,
             "template": self.template.source, "n_slots": ctx.n_slots, "n_ctx_seq": ctx.n_ctx_seq,
             "threads": self.ctx.n_threads, "threads_batch": self.ctx.n_threads_batch,
             "type_k": ctx.type_k, "type_v": ctx.type_v,

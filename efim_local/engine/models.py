@@ -26,11 +26,20 @@ def resolve_model(cfg: Config) -> Path:
     return Path(cfg.model).expanduser() if cfg.model else default_model()
 
 
-def default_layout(meta, config_layout: str | None) -> tuple[str, bool]:
-    """(layout, fragment_trained) for a model whose metadata reader is ``meta(key)``.
-
-    EFIM for fragment-trained models (they continue a partial word), FIM for others, unless the
-    configuration says otherwise."""
+def choose_layout(meta, config_layout: str | None) -> tuple[str, str]:
+    """(layout, reason) for a model whose metadata reader is ``meta(key)``: EFIM for fragment-trained
+    models (they continue a partial word), FIM for others, unless the configuration says otherwise.
+    The reason is one line for status output and the log."""
     fragment = (meta(KEY_FRAGMENT) or "").lower() == "true"
-    layout = config_layout or ((meta(KEY_LAYOUT) or "efim") if fragment else "fim")
-    return layout, fragment
+    if config_layout:
+        return config_layout, f"configured layout = \"{config_layout}\""
+    if fragment:
+        trained = meta(KEY_LAYOUT)
+        why = f"model metadata {KEY_FRAGMENT}=true" + (f", {KEY_LAYOUT}={trained}" if trained else "")
+        return trained or "efim", why
+    return "fim", f"model not fragment-trained (no {KEY_FRAGMENT}=true); set layout = \"efim\" to reuse the suffix"
+
+
+def default_layout(meta, config_layout: str | None) -> tuple[str, bool]:
+    """(layout, fragment_trained): see choose_layout."""
+    return choose_layout(meta, config_layout)[0], (meta(KEY_FRAGMENT) or "").lower() == "true"
