@@ -85,6 +85,16 @@ def model_options(fn):
     return fn
 
 
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that refuses NaN (which compares false with both bounds, so passes them)."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if v != v:
+            self.fail(f"{value!r} is not a number.", param, ctx)
+        return v
+
+
 def request_options(fn):
     """The completion request's options, from its one definition (engine/request.py)."""
     from ..engine.request import CompletionRequest
@@ -97,7 +107,7 @@ def request_options(fn):
             opt = click.option(flag, is_flag=True, default=None, help=meta["help"])
         else:
             lo, hi = meta["lo"], meta["hi"]
-            kind = click.FloatRange(lo, hi) if meta["kind"] is float else click.IntRange(lo, hi)
+            kind = FiniteFloatRange(lo, hi) if meta["kind"] is float else click.IntRange(lo, hi)
             opt = click.option(flag, type=kind, default=None, help=meta["help"])
         fn = opt(fn)
     return fn

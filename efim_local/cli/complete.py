@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..prompt.document import decode, offset_of, read_source
+from ..prompt.document import MAX_DOCUMENT_BYTES, decode, offset_of, read_source
 from . import build_config, config_mod, emit, main, model_options, request_options, user_errors
 
 
@@ -35,7 +35,7 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
 
     req_names = {name for name, _, _ in CompletionRequest.options()}
     model_kw = {k: v for k, v in kw.items() if k not in req_names or k == "layout"}
-    text = decode(sys.stdin.buffer.read(), "standard input") if from_stdin else read_source(path)
+    text = decode(sys.stdin.buffer.read(MAX_DOCUMENT_BYTES + 1), "standard input") if from_stdin else read_source(path)
     cursor = offset_of(text, line - 1, column - 1)
     req = CompletionRequest(text=text, cursor=cursor, path=str(Path(path).resolve()) if not from_stdin else path,
                             **{k: v for k, v in kw.items() if k in req_names and v is not None})

@@ -52,9 +52,9 @@ def serve(sock, roots, queue_size, verbose, config_stdin, **model_kw):
         raise
     server.attach(engine)
     for r in roots:
-        server.watcher.watch(r)
+        server.watcher.watch(r, pin=True)
     pid = paths.pid_file()
-    pid.write_text(f"{os.getpid()}\n")
+    paths.write_private(pid, f"{os.getpid()}\n")
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     click.echo(f"efim: serving on {server.sock_path}", err=True)
     try:
@@ -98,6 +98,7 @@ def daemon_start(timeout, roots, **model_kw):
 
 def start_daemon(timeout: float, cfg, roots=()) -> int:
     """Start ``efim serve`` in the background with configuration ``cfg``; returns its pid."""
+    import os
     import subprocess
     import time
 
@@ -109,9 +110,10 @@ def start_daemon(timeout: float, cfg, roots=()) -> int:
     settings = {"config": cfg.resolved().to_json(), "watch": [str(Path(r).resolve()) for r in roots]}
     # -P: the caller's working directory is not on sys.path (a local logging.py must not shadow ours).
     args = [sys.executable, "-P", "-m", "efim_local.cli", "serve", "--config-stdin"]
-    log = open(paths.log_file(), "ab")
+    log = os.fdopen(paths.open_private(paths.log_file(), os.O_WRONLY | os.O_APPEND), "ab")
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True,
                             cwd=paths.log_file().parent)
+    log.close()  # the child has its own copy
     proc.stdin.write(json.dumps(settings).encode())
     proc.stdin.close()
     deadline = time.monotonic() + timeout

@@ -1,42 +1,99 @@
 """Documents synced by editors (LSP-style didOpen / didChange / didClose).
 
 The text lives in the engine's per-file state (``engine/files.py``); this
-module applies the editors' edits to it.
+module applies the editors' edits to it. A batch of edits is applied outside
+the engine's global file lock (under a lock for its document only), through a
+line index, so one huge document never stalls the other clients.
 """
 
 from __future__ import annotations
 
+import threading
+import zlib
+
 from ..engine.files import FileState, Files
 from ..errors import DocumentError, InvalidParams
-from ..prompt.document import MAX_DOCUMENT_BYTES, offset_of
+from ..prompt.document import MAX_DOCUMENT_BYTES, LineIndex, offset_of
 from .framing import param
 
 MAX_DOCUMENTS = 256
 MAX_CHANGES = 10_000
 MAX_PATH = 4096
+MAX_CHANGE_WORK = 1 << 30  # code points copied by one didChange (the sum of the text's length over its edits)
 
 
-def position(params: dict, key: str, text: str) -> int:
+def position(params: dict, key: str, text: str | LineIndex) -> int:
     """A cursor given as {"line", "character"} (0-based, code points) → offset."""
     pos = param(params, key, dict)
     line = param(pos, "line", int, lo=0, hi=1 << 31)
     char = param(pos, "character", int, lo=0, hi=1 << 31)
     try:
-        return offset_of(text, line, char)
+        return text.offset(line, char) if isinstance(text, LineIndex) else offset_of(text, line, char)
     except DocumentError as e:
         raise InvalidParams(f"invalid params: {e}") from None
 
 
+def name_param(params: dict, key: str, default=...) -> str | None:
+    """A path-like string: bounded, no NUL, encodable (no lone surrogate), so it is safe to log, to
+    store in the index and to hand to the file system."""
+    v = param(params, key, str, default)
+    if v is None:
+        return v
+    if len(v) > MAX_PATH:
+        raise InvalidParams(f"invalid params: {key!r} is too long")
+    if "\0" in v:
+        raise InvalidParams(f"invalid params: {key!r} contains a NUL character")
+    if not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidParams(f"invalid params: {key!r} contains a lone surrogate") from None
+    return v
+
+
 def path_param(params: dict) -> str:
-    path = param(params, "path", str)
-    if len(path) > MAX_PATH:
-        raise InvalidParams("invalid params: 'path' is too long")
-    return path
+    return name_param(params, "path")
 
 
 def check_size(text: str) -> None:
+    """The document limit, in UTF-8 bytes (an astral-plane character is 4); no lone surrogates."""
     if len(text) > MAX_DOCUMENT_BYTES:  # code points <= bytes; cheap first test
         raise InvalidParams(f"invalid params: document larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
+    if text.isascii():  # O(1): bytes == code points
+        return
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidParams(f"invalid params: the text contains a lone surrogate at offset {e.start}") from None
+    if size > MAX_DOCUMENT_BYTES:
+        raise InvalidParams(f"invalid params: document larger than {MAX_DOCUMENT_BYTES >> 20} MiB (UTF-8)")
+
+
+def apply_changes(text: str, changes: list) -> str:
+    """LSP content changes applied in order (ranges in the text as it is after the earlier ones)."""
+    index, work = None, 0
+    for ch in changes:
+        if not isinstance(ch, dict):
+            raise InvalidParams("invalid params: a content change must be an object")
+        new = param(ch, "text", str)
+        if "range" in ch:
+            work += len(text)
+            if work > MAX_CHANGE_WORK:
+                raise InvalidParams("invalid params: the changes rewrite too much text; send the whole text")
+            if index is None:
+                index = LineIndex(text)
+            rng = param(ch, "range", dict)
+            start, end = position(rng, "start", index), position(rng, "end", index)
+            if end < start:
+                raise InvalidParams("invalid params: range end before start")
+            index.replace(start, end, new)
+            text = index.text
+        else:
+            text, index = new, None
+        if len(text) > MAX_DOCUMENT_BYTES:  # cheap, every change; the exact test once, at the end
+            check_size(text)
+    check_size(text)
+    return text
 
 
 class Documents:
@@ -44,13 +101,18 @@ class Documents:
 
     def __init__(self, files: Files, limit: int = MAX_DOCUMENTS):
         self.files, self.limit = files, limit
+        self._locks = [threading.Lock() for _ in range(64)]  # per document (striped: bounded)
+
+    def lock(self, path: str) -> threading.Lock:
+        """Serializes the edits of one document; other documents go on meanwhile."""
+        return self._locks[zlib.crc32(path.encode("utf-8", "surrogatepass")) % len(self._locks)]
 
     def open(self, params: dict) -> FileState:
         path = path_param(params)
         text = param(params, "text", str)
         check_size(text)
         version = param(params, "version", int, 0, lo=0, hi=1 << 53)
-        with self.files.lock:
+        with self.lock(path), self.files.lock:
             f = self.files.get(path)
             if (f is None or not f.open) and self.files.n_open() >= self.limit:
                 raise InvalidParams(f"invalid params: more than {self.limit} open documents")
@@ -73,26 +135,17 @@ class Documents:
         changes = param(params, "contentChanges", list)
         if len(changes) > MAX_CHANGES:
             raise InvalidParams("invalid params: too many content changes")
-        with self.files.lock:
-            f = self.get(path)
-            text = f.text
-            for ch in changes:
-                if not isinstance(ch, dict):
-                    raise InvalidParams("invalid params: a content change must be an object")
-                new = param(ch, "text", str)
-                if "range" in ch:
-                    rng = param(ch, "range", dict)
-                    start, end = position(rng, "start", text), position(rng, "end", text)
-                    if end < start:
-                        raise InvalidParams("invalid params: range end before start")
-                    text = text[:start] + new + text[end:]
-                else:
-                    text = new
-                check_size(text)
-            version = param(params, "version", int, f.version + 1, lo=0, hi=1 << 53)
-            f.text, f.version = text, version  # all changes or none
-            self.files.entry(path)
-            return f
+        with self.lock(path):  # the global lock only to read and to store: edits of a huge text take time
+            with self.files.lock:
+                f = self.get(path)
+                text, old_version = f.text, f.version
+            text = apply_changes(text, changes)
+            version = param(params, "version", int, old_version + 1, lo=0, hi=1 << 53)
+            with self.files.lock:
+                f = self.get(path)  # all changes or none
+                f.text, f.version = text, version
+                self.files.entry(path)
+                return f
 
     def close(self, params: dict) -> None:
         path = path_param(params)

@@ -6,14 +6,20 @@ Bytes to messages and back; nothing here knows what a method does.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..errors import EfimError, InvalidParams, InvalidRequest, ParseError
 
+log = logging.getLogger("efim.daemon")
 MAX_FRAME = 8 << 20  # bytes per line
+MAX_QUEUED = 32 << 20  # bytes of replies a connection may leave unread before it is dropped
+SEND_TIMEOUT = 10.0  # seconds one frame may take to be written before the connection is dropped
 MAX_ID_LEN = 256
 
 
@@ -95,13 +101,31 @@ def _frame(obj: dict) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
 
 
-def read_lines(sock: socket.socket) -> Iterator[bytes | None]:
-    """Complete lines from a socket; an over-long line yields None once and is skipped."""
+def read_lines(sock: socket.socket, idle_timeout: float | None = None,
+               frame_timeout: float | None = None) -> Iterator[bytes | None]:
+    """Complete lines from a socket; an over-long line yields None once and is skipped.
+
+    ``idle_timeout``: seconds a connection may stay silent between frames; ``frame_timeout``:
+    seconds one frame may take from its first byte to its newline, however its bytes trickle in
+    (a timeout per ``recv`` would let a client that sends a byte a second hold on forever).
+    Either ends the connection."""
     buf = bytearray()
     skipping = False
+    frame_deadline = None  # set while a frame is partly read
     while True:
+        waits = [t for t in (idle_timeout, None if frame_deadline is None else frame_deadline - time.monotonic())
+                 if t is not None]
+        if waits and min(waits) <= 0:
+            log.info("dropped a connection: a frame took more than %s s", frame_timeout)
+            return
         try:
+            # Never None: blocking mode would be shared with the writer's dup() of this socket.
+            sock.settimeout(min(waits) if waits else 3600.0)
             chunk = sock.recv(1 << 16)
+        except socket.timeout:
+            if frame_deadline is None and idle_timeout is not None:
+                return  # silent for idle_timeout
+            continue  # the frame deadline is checked at the top
         except OSError:
             return
         if not chunk:
@@ -125,31 +149,86 @@ def read_lines(sock: socket.socket) -> Iterator[bytes | None]:
                 yield None
             elif line.strip():
                 yield line
+        partial = bool(buf) or skipping
+        if not partial:
+            frame_deadline = None
+        elif frame_deadline is None and frame_timeout is not None:
+            frame_deadline = time.monotonic() + frame_timeout
 
 
 class Connection:
-    """One client's socket: lines in, frames out (``send`` is safe from any thread)."""
+    """One client's socket: lines in (the caller's thread), frames out (a writer thread of its own).
 
-    def __init__(self, sock: socket.socket):
+    ``send`` never blocks: it queues the frame for the writer. A client that does not read its
+    replies costs only its own connection: past ``max_queued`` bytes waiting, or when one frame
+    cannot be written within ``send_timeout`` seconds, the connection is dropped. So the engine
+    thread, which replies to everyone, never waits on a socket."""
+
+    def __init__(self, sock: socket.socket, max_queued: int = MAX_QUEUED, send_timeout: float = SEND_TIMEOUT,
+                 idle_timeout: float | None = None, frame_timeout: float | None = None):
         self.sock = sock
-        self.lock = threading.Lock()
-        self.alive = True
+        self.wsock = sock.dup()  # the writer's own timeout (a socket object has one for both directions)
+        self.wsock.settimeout(send_timeout)
+        self.max_queued, self.send_timeout = max_queued, send_timeout
+        self.idle_timeout, self.frame_timeout = idle_timeout, frame_timeout
+        self.cond = threading.Condition()
+        self.out: deque[bytes] = deque()
+        self.queued = 0
+        self.alive = True  # False: dropped, nothing more is sent
+        self.closing = False  # the reader is done: the writer flushes what is queued, then closes
+        self.writer = threading.Thread(target=self._write, name="efim-conn-writer", daemon=True)
+        self.writer.start()
 
     def send(self, data: bytes) -> None:
-        with self.lock:
-            if not self.alive:
+        with self.cond:
+            if not self.alive or self.closing:
                 return
-            try:
-                self.sock.sendall(data)
-            except OSError:
-                self.alive = False
+            if self.queued + len(data) > self.max_queued:
+                log.warning("dropped a connection: %d bytes of replies unread", self.queued)
+                self._drop()
+                return
+            self.out.append(data)
+            self.queued += len(data)
+            self.cond.notify()
 
     def lines(self) -> Iterator[bytes | None]:
-        return read_lines(self.sock)
+        return read_lines(self.sock, self.idle_timeout, self.frame_timeout)
 
     def close(self) -> None:
+        """The reader is done: send what is queued (within the send deadline), then close."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+
+    def _drop(self) -> None:  # holding self.cond
         self.alive = False
+        self.out.clear()
+        self.queued = 0
         try:
-            self.sock.close()
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader's recv
         except OSError:
             pass
+        self.cond.notify()
+
+    def _write(self) -> None:
+        while True:
+            with self.cond:
+                while self.alive and not self.out and not self.closing:
+                    self.cond.wait()
+                if not self.alive or not self.out:
+                    break
+                data = self.out.popleft()
+                self.queued -= len(data)
+            try:
+                self.wsock.sendall(data)
+            except OSError as e:  # a timeout too: the client stopped reading
+                with self.cond:
+                    if isinstance(e, socket.timeout):
+                        log.warning("dropped a connection: a reply could not be sent within %s s", self.send_timeout)
+                    self._drop()
+                break
+        for s in (self.wsock, self.sock):
+            try:
+                s.close()
+            except OSError:
+                pass

@@ -14,9 +14,14 @@ from ..engine import CompletionRequest, Engine
 from ..errors import InvalidParams, InvalidRequest
 from ..prompt.document import read_source
 from .dispatch import DEFERRED
-from .documents import Documents, check_size, path_param, position
+from . import test_hooks
+from .documents import Documents, check_size, name_param, path_param, position
 from .framing import Connection, Message, param, valid_id
 from .worker import Job, Worker
+
+# Idle prefill tokenizes the whole text first, and tokenizing cannot be interrupted: a request
+# arriving then would wait for it. Larger documents are prefilled by their first request.
+IDLE_MAX_CHARS = 1 << 20
 
 
 class Handlers:
@@ -29,7 +34,7 @@ class Handlers:
     def table(self) -> dict:
         return {"complete": self.complete, "didOpen": self.did_open, "didChange": self.did_change,
                 "didClose": self.did_close, "cursor": self.cursor, "cancel": self.cancel, "status": self.status,
-                "shutdown": self.shutdown}
+                "shutdown": self.shutdown, **test_hooks.methods(self.worker)}
 
     def complete(self, conn: Connection, msg: Message):
         p = msg.params
@@ -50,8 +55,8 @@ class Handlers:
         return DEFERRED
 
     def did_open(self, conn, msg):
+        root = name_param(msg.params, "root", None)  # checked before the document is opened
         f = self.documents.open(msg.params)
-        root = param(msg.params, "root", str, None)
         if self.server.watcher and root:
             self.server.watcher.watch(root)
         self.warm_later(f.path)
@@ -69,10 +74,10 @@ class Handlers:
         """The cursor settled in an open document: prefill the plan anchored there, when idle."""
         p = msg.params
         path = path_param(p)
+        text = self.documents.text(path)
+        cursor = param(p, "offset", int, lo=0, hi=len(text)) if "offset" in p else position(p, "position", text)
         with self.engine.files.lock:
-            f = self.documents.get(path)
-            cursor = param(p, "offset", int, lo=0, hi=len(f.text)) if "offset" in p else position(p, "position", f.text)
-            f.cursor = cursor
+            self.documents.get(path).cursor = cursor
         self.warm_later(path, cursor)
         return {"path": path, "offset": cursor}
 
@@ -116,10 +121,12 @@ class Handlers:
                 text = f.text if f is not None and f.open else None
                 cursor = at if at is not None else f.cursor if f is not None else None
             if text is None:
-                try:
-                    text = read_source(path)
+                try:  # a regular file only, bounded: never a FIFO or /dev/zero on the engine thread
+                    text = read_source(path, follow=False)
                 except Exception:  # noqa: BLE001 - gone, unreadable: nothing to warm
                     return
+            if len(text) > IDLE_MAX_CHARS:  # tokenizing it could not be interrupted: wait for a request
+                return
             cursor = len(text) if cursor is None else min(cursor, len(text))
             engine.prefill(path, text, cursor, should_stop)
 

@@ -12,28 +12,47 @@ import fcntl
 import logging
 import os
 import socket
+import stat
 import struct
 import threading
 import time
 from pathlib import Path
 
 from ..engine import Engine
-from ..errors import AlreadyRunning, Busy
-from . import paths
+from ..errors import AlreadyRunning, Busy, ConfigError, DaemonError
+from . import paths, test_hooks
 from .dispatch import Dispatcher
-from .framing import Connection, error
+from .framing import SEND_TIMEOUT, Connection, error
 from .handlers import Handlers
 from .worker import Worker
 
 log = logging.getLogger("efim.daemon")
 MAX_CONNECTIONS = 64
 IDLE_TIMEOUT = 3600.0  # seconds a connection may stay silent before it is closed
+FRAME_TIMEOUT = 10.0  # seconds one frame may take to arrive, from its first byte to its newline
+MAX_RESTARTS = 3  # engine thread deaths within a minute before the daemon gives up
 _UCRED = struct.Struct("3i")
 
 
 def peer_uid(sock: socket.socket) -> int:
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     return uid
+
+
+def refuse(client: socket.socket, frame: bytes) -> None:
+    """Best effort: tell a client why it is turned away, without ever blocking or raising. What it
+    sent is read first: closing with unread data makes its side see ECONNRESET, not the reply."""
+    try:
+        client.setblocking(False)
+        client.send(frame)
+        client.shutdown(socket.SHUT_WR)
+        for _ in range(16):
+            if not client.recv(1 << 16):
+                break
+    except OSError:
+        pass
+    finally:
+        client.close()
 
 
 class Server:
@@ -50,6 +69,7 @@ class Server:
         self.conns_lock = threading.Lock()
         self.started = time.time()
         self.stopping = threading.Event()
+        self.deaths: list[float] = []  # when the engine thread died (the watchdog's count)
         self.watcher = None
         if watch:
             from .watcher import Watcher
@@ -58,23 +78,31 @@ class Server:
 
     # -- socket lifecycle ---------------------------------------------------------------
     def bind(self) -> None:
-        """Take the lock, replace a stale socket, refuse if another daemon answers."""
+        """Take the lock, replace a stale socket, refuse if another daemon answers.
+
+        Only a socket of ours is ever replaced: any other file at the path (a typo in ``--socket``)
+        is refused, not deleted. The directory is made private only if we create it."""
         d = self.sock_path.parent
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(d, 0o700)
-        self.lock_fd = os.open(str(self.sock_path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        if not d.exists():
+            d.mkdir(parents=True, mode=0o700)
+            os.chmod(d, 0o700)  # mkdir's mode is masked by the umask
+        self.lock_fd = paths.open_private(Path(str(self.sock_path) + ".lock"), os.O_RDWR)
         try:
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise AlreadyRunning(f"another efim daemon is running on {self.sock_path}") from None
-        if self.sock_path.exists() or self.sock_path.is_symlink():
+        try:
+            st = os.lstat(self.sock_path)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+                raise ConfigError(f"{self.sock_path} exists and is not an efim socket of yours; not replacing it")
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.connect(str(self.sock_path))
                 raise AlreadyRunning(f"another efim daemon is running on {self.sock_path}")
-            except (ConnectionRefusedError, FileNotFoundError, OSError) as e:
-                if isinstance(e, AlreadyRunning):
-                    raise
+            except (ConnectionRefusedError, FileNotFoundError):
                 log.info("replacing stale socket %s", self.sock_path)
                 self.sock_path.unlink(missing_ok=True)
             finally:
@@ -103,6 +131,7 @@ class Server:
         self.sock.settimeout(0.5)
         try:
             while not self.stopping.is_set():
+                self.watchdog()
                 try:
                     client, _ = self.sock.accept()
                 except socket.timeout:
@@ -110,27 +139,45 @@ class Server:
                 except OSError as e:
                     if e.errno in (errno.EBADF, errno.EINVAL):
                         break
-                    raise
-                self.accept(client)
+                    log.warning("accept failed: %s", e)  # EMFILE and the like: wait, never die
+                    time.sleep(0.1)
+                    continue
+                try:
+                    self.accept(client)
+                except Exception:  # noqa: BLE001 - one client never ends the accept loop
+                    log.exception("a connection failed at accept")
+                    client.close()
         finally:
             self.close()
 
+    def watchdog(self) -> None:
+        """Restart a dead engine thread; after ``MAX_RESTARTS`` deaths within a minute, give up with
+        an error (the process exits non-zero, so ``efim daemon start`` can start a fresh one)."""
+        if self.worker.is_alive() or self.stopping.is_set():
+            return
+        now = time.monotonic()
+        self.deaths = [t for t in self.deaths if now - t < 60] + [now]
+        if len(self.deaths) > MAX_RESTARTS:
+            log.error("the engine thread died %d times within a minute; exiting", len(self.deaths))
+            raise DaemonError(f"the engine thread died {len(self.deaths)} times within a minute")
+        log.error("the engine thread died; restarting it")
+        self.worker.revive()
+
     def accept(self, client: socket.socket) -> None:
-        client.settimeout(IDLE_TIMEOUT)
         uid = peer_uid(client)
         if uid != os.getuid():
             log.warning("refused a connection from uid %d", uid)
             client.close()
             return
-        conn = Connection(client)
         with self.conns_lock:
             full = len(self.conns) >= MAX_CONNECTIONS
-            if not full:
-                self.conns.add(conn)
         if full:
-            conn.send(error(None, Busy("busy: too many connections")))
-            conn.close()
+            refuse(client, error(None, Busy("busy: too many connections")))
             return
+        conn = Connection(client, idle_timeout=IDLE_TIMEOUT, frame_timeout=test_hooks.seconds("FRAME", FRAME_TIMEOUT),
+                          send_timeout=test_hooks.seconds("SEND", SEND_TIMEOUT))
+        with self.conns_lock:
+            self.conns.add(conn)
         threading.Thread(target=self._serve_connection, args=(conn,), name="efim-conn", daemon=True).start()
 
     def _serve_connection(self, conn: Connection) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
@@ -14,53 +17,83 @@ log = logging.getLogger("efim.daemon")
 IGNORED_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", "build", "dist",
                 "target", ".mypy_cache", ".pytest_cache", ".tox", ".idea", ".cache"}
 MAX_FILE_BYTES = 1 << 20
+MAX_ROOTS = 32  # roots named by editors (each is a watchdog thread); --watch roots come on top
 
 
-def interesting(path: str) -> bool:
-    """Source-like files only: not under ignored directories, not large, not binary."""
+def interesting(path: str, root: str) -> bool:
+    """Source-like files only: inside ``root`` once symlinks are resolved (a link to a file elsewhere
+    is not the workspace's), not under ignored directories, not large, not binary, regular."""
     p = Path(path)
     if any(part in IGNORED_DIRS for part in p.parts) or p.name.endswith((".swp", "~", ".tmp")):
         return False
+    real = os.path.realpath(p)
+    if os.path.commonpath([real, root]) != root:
+        return False
     try:
-        if not p.is_file() or p.stat().st_size > MAX_FILE_BYTES:
-            return False
-        with open(p, "rb") as f:
-            return b"\0" not in f.read(8192)
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)  # a FIFO never blocks
     except OSError:
         return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
+            return False
+        return b"\0" not in os.read(fd, 8192)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, callback: Callable[[str], None]):
-        self.callback = callback
+    def __init__(self, callback: Callable[[str], None], root: str):
+        self.callback, self.root = callback, root
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.is_directory or event.event_type not in ("modified", "created", "moved", "closed"):
             return
         path = getattr(event, "dest_path", "") or event.src_path
         path = os.fsdecode(path)
-        if interesting(path):
+        if interesting(path, self.root):
             self.callback(path)
 
 
 class Watcher:
-    def __init__(self, callback: Callable[[str], None], roots: list[str] | None = None):
-        self.observer = Observer()
-        self.handler = _Handler(callback)
-        self._roots: set[str] = set()
-        for r in roots or []:
-            self.watch(r)
+    """Watches workspace roots: those given at start for good, those editors name (didOpen's
+    ``root``) at most ``limit``, the least recently named dropped first (each costs a thread)."""
 
-    def watch(self, root: str) -> None:
-        root = str(Path(root).resolve())
-        if root in self._roots or not Path(root).is_dir():
+    def __init__(self, callback: Callable[[str], None], roots: list[str] | None = None, limit: int = MAX_ROOTS):
+        self.observer = Observer()
+        self.callback, self.limit = callback, limit
+        self.lock = threading.Lock()
+        self._watches: OrderedDict[str, object] = OrderedDict()  # root -> watchdog's handle, LRU last
+        self._pinned: set[str] = set()
+        for r in roots or []:
+            self.watch(r, pin=True)
+
+    def watch(self, root: str, pin: bool = False) -> None:
+        try:
+            resolved = Path(root).resolve()
+            if not resolved.is_dir():
+                return
+        except (OSError, ValueError):  # a NUL, a loop: not a root
             return
-        self._roots.add(root)
-        self.observer.schedule(self.handler, root, recursive=True)
-        log.info("watching %s", root)
+        root = str(resolved)
+        with self.lock:
+            if pin:
+                self._pinned.add(root)
+            if root in self._watches:
+                self._watches.move_to_end(root)
+                return
+            self._watches[root] = self.observer.schedule(_Handler(self.callback, root), root, recursive=True)
+            log.info("watching %s", root)
+            unpinned = [r for r in self._watches if r not in self._pinned]
+            for old in unpinned[:max(0, len(unpinned) - self.limit)]:
+                self.observer.unschedule(self._watches.pop(old))
+                log.info("no longer watching %s (more than %d roots)", old, self.limit)
 
     def roots(self) -> list[str]:
-        return sorted(self._roots)
+        with self.lock:
+            return sorted(self._watches)
 
     def start(self) -> None:
         self.observer.start()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engine import CompletionRequest, Engine
-from ..errors import Busy, Cancelled, EfimError, internal
+from ..errors import Busy, Cancelled, EfimError, InternalError, internal
 from .framing import error, notification, reply
 
 log = logging.getLogger("efim.daemon")
@@ -41,9 +41,12 @@ SAVE_DELAY = 0.5  # seconds of quiet before dirty slots are saved: a burst of ke
 IDLE_GRACE = 0.05  # seconds after a reply before idle work starts: a request right behind it never waits
 
 
-class Worker(threading.Thread):
+class Worker:
+    """The engine thread and its queues. The queues outlive the thread: if the thread dies anyway
+    (a bug that escapes every handler, or a BaseException), ``revive()`` starts a new one on them."""
+
     def __init__(self, engine: Engine, queue_size: int = 16):
-        super().__init__(name="efim-engine", daemon=True)
+        self.thread: threading.Thread | None = None
         self.engine = engine
         self.queue_size = queue_size
         self.cond = threading.Condition()
@@ -55,6 +58,29 @@ class Worker(threading.Thread):
         self.stopping = False
         self.served = 0
         self.errors = 0
+
+    # -- the thread ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, name="efim-engine", daemon=True)
+        self.thread.start()
+
+    def is_alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    def revive(self) -> None:
+        """Start a new engine thread after the last one died: the request it was running gets an
+        error, the queued ones are served by the new thread."""
+        with self.cond:
+            job, self.running = self.running, None
+            self.idle_running = False
+        if job is not None:
+            self.errors += 1
+            job.conn.send(error(job.rid, InternalError("internal error: the engine thread failed; restarted")))
+        self.start()
 
     # -- called from connection threads --------------------------------------------
     def submit(self, job: Job) -> None:
@@ -177,8 +203,11 @@ class Worker(threading.Thread):
     def _call(self, fn, fut: Future) -> None:
         try:
             fut.set_result(fn(self.engine))
-        except BaseException as e:  # handed to the caller
+        except Exception as e:  # handed to the caller
             fut.set_exception(e)
+        except BaseException as e:  # SystemExit and the like end the thread (the watchdog restarts it)
+            fut.set_exception(e)
+            raise
 
     def _quietly(self, fn) -> bool:
         """Run background work; False if a request interrupted it."""

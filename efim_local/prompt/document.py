@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 
+import numpy as np
 
 from ..errors import DocumentError
 
-
-MAX_DOCUMENT_BYTES = 8 * 1024 * 1024
+MAX_DOCUMENT_BYTES = 8 * 1024 * 1024  # UTF-8 bytes
+FIND_LINES = 1000  # up to this line, str.find line by line is quicker than indexing the whole text
 
 
 def offset_of(text: str, line: int, character: int) -> int:
-    """Offset of a 0-based (line, character) position, in code points; raises if outside."""
+    """Offset of a 0-based (line, character) position, in code points; raises if outside.
+
+    Never a Python loop over many lines: past the first few, the line starts are found by numpy."""
     if line < 0 or character < 0:
         raise DocumentError(f"cursor line {line}, character {character} is negative")
+    if line > FIND_LINES:
+        return LineIndex(text).offset(line, character)
     start = 0
     for _ in range(line):
         nl = text.find("\n", start)
@@ -22,7 +30,11 @@ def offset_of(text: str, line: int, character: int) -> int:
             raise DocumentError(f"cursor line {line + 1} is past the end of the document")
         start = nl + 1
     end = text.find("\n", start)
-    end = len(text) if end < 0 else end
+    return _column(text, line, character, start, len(text) if end < 0 else end)
+
+
+def _column(text: str, line: int, character: int, start: int, end: int) -> int:
+    """The offset of ``character`` in the line [start, end) (``end`` at its newline or the text's end)."""
     if end > start and text[end - 1] == "\r" and end < len(text):
         end -= 1  # the CR of a CRLF is not a column
     if start + character > end:
@@ -31,18 +43,76 @@ def offset_of(text: str, line: int, character: int) -> int:
     return start + character
 
 
-def read_source(path: str | Path) -> str:
-    """Read a UTF-8 source file, with one-line errors for the usual problems."""
+def _newlines(text: str) -> np.ndarray:
+    """Offsets of the newlines in ``text`` (at C speed: one pass over its UTF-32 code units)."""
+    units = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return np.flatnonzero(units == 10)
+
+
+class LineIndex:
+    """A text with the offsets of its line starts, kept up to date through ``replace``: a batch of
+    edits positioned by (line, character) costs one pass over the text, not one per edit."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.starts = np.concatenate(([0], _newlines(text) + 1))
+
+    def offset(self, line: int, character: int) -> int:
+        if line < 0 or character < 0:
+            raise DocumentError(f"cursor line {line}, character {character} is negative")
+        if line >= len(self.starts):
+            raise DocumentError(f"cursor line {line + 1} is past the end of the document")
+        start = int(self.starts[line])
+        end = int(self.starts[line + 1]) - 1 if line + 1 < len(self.starts) else len(self.text)
+        return _column(self.text, line, character, start, end)
+
+    def replace(self, start: int, end: int, new: str) -> None:
+        """Replace ``text[start:end]`` with ``new``."""
+        first = int(np.searchsorted(self.starts, start, side="right"))  # lines starting after start...
+        last = int(np.searchsorted(self.starts, end, side="right"))  # ...up to end are gone
+        added = _newlines(new) + (start + 1) if "\n" in new else np.empty(0, dtype=self.starts.dtype)
+        shift = len(new) - (end - start)
+        self.starts = np.concatenate((self.starts[:first], added, self.starts[last:] + shift))
+        self.text = self.text[:start] + new + self.text[end:]
+
+
+def read_source(path: str | Path, follow: bool = True) -> str:
+    """Read a UTF-8 source file, with one-line errors for the usual problems.
+
+    Only a regular file is read, and at most the document limit: a FIFO, a device such as
+    /dev/zero or a file that keeps growing is an error, never a hang or an unbounded read.
+    ``follow=False``: a symbolic link is an error too."""
     p = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        data = p.read_bytes()
+        fd = os.open(p, flags)  # O_NONBLOCK: opening a FIFO never waits for a writer
     except FileNotFoundError:
         raise DocumentError(f"file not found: {p}") from None
-    except IsADirectoryError:
-        raise DocumentError(f"is a directory: {p}") from None
     except PermissionError:
         raise DocumentError(f"permission denied: {p}") from None
-    return decode(data, str(p))
+    except OSError as e:
+        what = "is a symbolic link" if e.errno == errno.ELOOP and not follow else f"cannot read ({e.strerror})"
+        raise DocumentError(f"{what}: {p}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise DocumentError(f"is a directory: {p}")
+        if not stat.S_ISREG(st.st_mode):
+            raise DocumentError(f"not a regular file: {p}")
+        if st.st_size > MAX_DOCUMENT_BYTES:
+            raise DocumentError(f"{p} is larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
+        chunks, n = [], 0
+        while n <= MAX_DOCUMENT_BYTES:  # the file may grow while it is read
+            chunk = os.read(fd, MAX_DOCUMENT_BYTES + 1 - n)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n += len(chunk)
+    except OSError as e:
+        raise DocumentError(f"cannot read {p}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    return decode(b"".join(chunks), str(p))
 
 
 def decode(data: bytes, name: str = "input") -> str:
