@@ -34,7 +34,7 @@ class Handlers:
     def table(self) -> dict:
         return {"complete": self.complete, "didOpen": self.did_open, "didChange": self.did_change,
                 "didClose": self.did_close, "cursor": self.cursor, "cancel": self.cancel, "status": self.status,
-                "shutdown": self.shutdown, **test_hooks.methods(self.worker)}
+                "shutdown": self.shutdown, **test_hooks.methods(self)}
 
     def complete(self, conn: Connection, msg: Message):
         p = msg.params

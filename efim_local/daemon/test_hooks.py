@@ -20,7 +20,7 @@ def seconds(name: str, default: float) -> float:
     return float(v) if v else default
 
 
-def methods(worker) -> dict:
+def methods(handlers) -> dict:
     """The test-only methods (none unless hooks are on)."""
     if not enabled():
         return {}
@@ -28,7 +28,7 @@ def methods(worker) -> dict:
     def kill_engine(conn, msg):
         def die(engine):
             raise SystemExit("killed by _test/killEngine")
-        worker.post(die)
+        handlers.worker.post(die)
         return {"killing": True}
 
     return {"_test/killEngine": kill_engine}
