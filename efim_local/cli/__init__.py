@@ -128,4 +128,12 @@ def pairs(d: dict) -> str:
     return "  ".join(f"{k}={v}" for k, v in d.items())
 
 
+MIB = 1 << 20  # sizes are shown in MiB, like the budgets (ram_mb = 512 is 512 MiB)
+
+
+def tier_usage(t: dict) -> str:
+    """'3 states  1.25 / 512 MiB' for a store tier's stats."""
+    return f"{t['states']:5} states  {t['bytes'] / MIB:9.2f} / {t['budget_bytes'] / MIB:.0f} MiB"
+
+
 from . import bench, cache, complete, daemon, models  # noqa: E402,F401  (registers the commands)

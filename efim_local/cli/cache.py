@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import config_mod, emit, main, pairs, user_errors
+from . import MIB, config_mod, emit, main, pairs, tier_usage, user_errors
 
 
 @main.group()
@@ -19,10 +19,18 @@ def cache():
     """
 
 
+def _store_config():
+    return config_mod.load().store_config() or config_mod.Config().store_config()
+
+
+def _store_dir():
+    return _store_config().dir
+
+
 def _admin_store():
     from ..kv import StateStore
 
-    return StateStore.admin(config_mod.load().store_config() or config_mod.Config().store_config())
+    return StateStore.admin(_store_config())
 
 
 @cache.command("ls")
@@ -39,9 +47,12 @@ def cache_ls(as_json):
         rows = store.index.rows()
     if as_json:
         return emit(rows, True)
+    if not rows:
+        return click.echo(f"no saved states in {_store_dir()}")
+    click.echo(f"{'id':12}  {'tier':4}  {'tokens':>6}  {'MiB':>8}  {'hits':>4}  path")
     for r in rows:
-        click.echo(f"{r['id'][:12]}  {r['tier']:4}  {r['n_tokens']:6} tok  {r['bytes'] / 1e6:8.2f} MB  "
-                   f"{r['hits']:4} hits  {r['path']}")
+        click.echo(f"{r['id'][:12]}  {r['tier']:4}  {r['n_tokens']:6}  {r['bytes'] / MIB:8.2f}  "
+                   f"{r['hits']:4}  {r['path']}")
 
 
 @cache.command("stats")
@@ -59,7 +70,7 @@ def cache_stats(as_json):
     if as_json:
         return emit(st, True)
     for t, v in st["tiers"].items():
-        click.echo(f"{t:5} {v['states']:5} states  {v['bytes'] / 1e6:9.2f} / {v['budget_bytes'] / 1e6:.0f} MB")
+        click.echo(f"{t:5} {tier_usage(v)}")
     click.echo("hits    " + pairs(st["hits"]))
     click.echo("misses  " + pairs(st["misses"]))
     click.echo(f"sparse  restores={st['sparse_restores']}  shrunk_disk={st['shrunk_disk']}  "
@@ -93,7 +104,17 @@ def cache_clear(as_json):
     Example:
       efim cache clear
     """
-    with _admin_store() as store:
-        n = len(store.index.rows())
+    from ..daemon import client
+    from ..errors import DaemonUnavailable
+
+    out = {"deleted": 0, "daemon": False}
+    try:  # a running daemon holds states in its slots and RAM tier, which it would write back
+        with client.Client(timeout=30) as c:
+            out.update(c.call("clearCache"), daemon=True)
+    except DaemonUnavailable:
+        pass
+    with _admin_store() as store:  # this configuration's store (the daemon may use another)
+        out["deleted"] += len(store.index.rows())
         store.clear()
-    emit({"deleted": n}, as_json, f"deleted {n} states\n")
+    also = " (and the running daemon's slots)" if out["daemon"] else ""
+    emit(out, as_json, f"deleted {out['deleted']} states{also}\n")

@@ -21,9 +21,10 @@ from . import build_config, config_mod, emit, main, model_options, request_optio
 @click.option("--no-cache", is_flag=True, help="Neither restore nor save KV states.")
 @click.option("--no-daemon", is_flag=True, help="Run in-process even if a daemon is running.")
 @click.option("--start-daemon", is_flag=True, help="Start the daemon if it is not running, then use it.")
+@click.option("-v", "--verbose", is_flag=True, help="Say on stderr which path answered (daemon or in-process).")
 @model_options
 @user_errors
-def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start_daemon, **kw):
+def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start_daemon, verbose, **kw):
     """Complete the code at a cursor position in PATH.
 
     \b
@@ -40,11 +41,24 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
     req = CompletionRequest(text=text, cursor=cursor, path=str(Path(path).resolve()) if not from_stdin else path,
                             **{k: v for k, v in kw.items() if k in req_names and v is not None})
     # Model options other than the layout describe another engine than the daemon's.
-    own_model = any(v is not None for k, v in model_kw.items() if k != "layout")
-    if not (no_daemon or no_cache or own_model):
+    own = [k for k, v in model_kw.items() if k != "layout" and v is not None]
+    forced = "--no-daemon" if no_daemon else "--no-cache" if no_cache else \
+        "--" + own[0].replace("_", "-") if own else None
+    if forced is None:
         out = _complete_via_daemon(start_daemon, req)
         if out is not None:
-            return emit(out, as_json, out["text"] + "\n")
+            if verbose:
+                click.echo(f"efim: answered by the daemon on {out.pop('_socket')}", err=True)
+            out.pop("_socket", None)
+            return emit({**out, "via": "daemon"}, as_json, out["text"] + "\n")
+        why = "no daemon is running"
+    else:
+        why = f"{forced} given"
+        if forced != "--no-daemon" and _daemon_running():  # never bypass a running daemon silently
+            click.echo(f"efim: a daemon is running, but {forced} needs its own engine: answering in-process",
+                       err=True)
+    if verbose:
+        click.echo(f"efim: answering in-process ({why})", err=True)
     from ..api import open_engine
 
     cfg = build_config(**model_kw)
@@ -52,8 +66,14 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
         cfg = cfg.with_overrides(store=False)
     with open_engine(cfg) as engine:
         out = engine.complete(req)
-        emit(out.to_json(), as_json, out.text + "\n")
+        emit({**out.to_json(), "via": "in-process"}, as_json, out.text + "\n")
         sys.stdout.flush()  # the answer is out before the state is written (on close)
+
+
+def _daemon_running() -> bool:
+    from ..daemon import client
+
+    return client.running()
 
 
 def _complete_via_daemon(start: bool, req) -> dict | None:
@@ -68,7 +88,7 @@ def _complete_via_daemon(start: bool, req) -> dict | None:
     params = {"path": req.path, "text": req.text, "offset": req.cursor, **req.to_params()}
     try:
         with client.Client(timeout=300) as c:
-            return c.call("complete", params)
+            return {**c.call("complete", params), "_socket": c.path}
     except DaemonUnavailable:
         return None
 
@@ -78,21 +98,43 @@ def _complete_via_daemon(start: bool, req) -> dict | None:
 @model_options
 @user_errors
 def status(as_json, **model_kw):
-    """Show the model, backend library, layout, sliding-window strategy and KV store.
+    """Show the model, backend library, layout (and why), sliding-window strategy and KV store.
+
+    When a daemon runs (and no model option is given) this is the daemon's engine; otherwise the
+    model is loaded in-process to inspect it.
 
     \b
     Example:
       efim status --json
     """
-    from ..api import open_engine
+    info = None
+    if not any(v is not None for v in model_kw.values()):
+        from ..daemon import client
+        from ..errors import DaemonUnavailable
 
-    cfg = build_config(**model_kw)
-    with open_engine(cfg.with_overrides(store=False)) as engine:
-        info = engine.status()
-    info.pop("slots")
-    info["store"] = str(cfg.store_config().dir) if cfg.store else None
-    if as_json:
-        emit(info, True)
+        try:
+            with client.Client(timeout=10) as c:
+                info = {**c.call("status"), "via": "daemon"}
+        except DaemonUnavailable:
+            pass
+    if info is None:
+        from ..api import open_engine
+
+        cfg = build_config(**model_kw)
+        with open_engine(cfg.with_overrides(store=False)) as engine:
+            info = engine.status()
+        info["store"] = str(cfg.store_config().dir) if cfg.store else None
+        info["via"] = "in-process"
+    keys = ("model", "description", "library", "library_source", "gpu_offload", "layout", "layout_reason",
+            "fragment_trained", "template", "n_slots", "n_ctx_seq", "threads", "threads_batch", "type_k", "type_v",
+            "flash_attn", "offload_kqv", "sliding_window", "swa_strategy", "state_restore", "sparse_restore", "via")
+    out = {k: info[k] for k in keys if k in info}
+    if info["via"] == "daemon":
+        out.update(daemon_pid=info["pid"], socket=info["socket"])
     else:
-        for k, v in info.items():
+        out["store"] = info["store"]
+    if as_json:
+        emit(out, True)
+    else:
+        for k, v in out.items():
             click.echo(f"{k:18} {v}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from . import build_config, config_mod, emit, main, model_options, pairs, user_errors
+from . import build_config, config_mod, emit, main, model_options, pairs, tier_usage, user_errors
 
 
 @main.command()
@@ -28,21 +28,21 @@ def serve(sock, roots, queue_size, verbose, config_stdin, **model_kw):
     Example:
       efim serve --watch ~/src/project
     """
-    import logging
     import os
     import signal
 
     from ..api import open_engine
-    from ..daemon import paths
+    from ..daemon import logs, paths
     from ..daemon.server import Server
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_file = None
     if config_stdin:  # `efim daemon start`: the settings travel as configuration, not as argv
         settings = json.loads(sys.stdin.read())
         cfg, roots = config_mod.Config.from_json(settings["config"]), tuple(settings.get("watch", ())) + roots
+        log_file, verbose = settings.get("log"), verbose or settings.get("verbose", False)
     else:
         cfg = build_config(**model_kw)
+    logs.setup(verbose, log_file)  # a log file is rotated; efim's own messages only (DEBUG with -v)
     server = Server(Path(sock) if sock else None, queue_size=queue_size)
     try:
         server.bind()
@@ -51,12 +51,13 @@ def serve(sock, roots, queue_size, verbose, config_stdin, **model_kw):
         server.close()
         raise
     server.attach(engine)
+    logs.log.info("model %s, layout %s (%s)", engine.model.path, engine.default_layout, engine.layout_reason)
     for r in roots:
         server.watcher.watch(r, pin=True)
     pid = paths.pid_file()
     paths.write_private(pid, f"{os.getpid()}\n")
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    click.echo(f"efim: serving on {server.sock_path}", err=True)
+    logs.log.info("serving on %s (pid %d)", server.sock_path, os.getpid())
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -83,21 +84,23 @@ def daemon():
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for it to answer.")
 @click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False),
               help="Workspace root to watch (repeatable).")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages too.")
 @model_options
 @user_errors
-def daemon_start(timeout, roots, **model_kw):
-    """Start the daemon in the background (logs go to the state directory).
+def daemon_start(timeout, roots, verbose, **model_kw):
+    """Start the daemon in the background (it logs to daemon.log in the state directory: `efim daemon logs`).
 
     \b
     Example:
       efim daemon start --model ~/models/qwen2.5-coder-1.5b.gguf
     """
-    pid = start_daemon(timeout, build_config(**model_kw), roots)
+    pid = start_daemon(timeout, build_config(**model_kw), roots, verbose)
     click.echo(f"efim daemon started (pid {pid})")
 
 
-def start_daemon(timeout: float, cfg, roots=()) -> int:
-    """Start ``efim serve`` in the background with configuration ``cfg``; returns its pid."""
+def start_daemon(timeout: float, cfg, roots=(), verbose: bool = False) -> int:
+    """Start ``efim serve`` in the background with configuration ``cfg``; returns its pid. It logs
+    to ``daemon.log`` in the state directory (rotated; debug messages with ``verbose``)."""
     import os
     import subprocess
     import time
@@ -107,7 +110,8 @@ def start_daemon(timeout: float, cfg, roots=()) -> int:
 
     if client.running():
         raise AlreadyRunning(f"an efim daemon is already running on {paths.socket_path()}")
-    settings = {"config": cfg.resolved().to_json(), "watch": [str(Path(r).resolve()) for r in roots]}
+    settings = {"config": cfg.resolved().to_json(), "watch": [str(Path(r).resolve()) for r in roots],
+                "log": str(paths.log_file()), "verbose": verbose}
     # -P: the caller's working directory is not on sys.path (a local logging.py must not shadow ours).
     args = [sys.executable, "-P", "-m", "efim_local.cli", "serve", "--config-stdin"]
     log = os.fdopen(paths.open_private(paths.log_file(), os.O_WRONLY | os.O_APPEND), "ab")
@@ -199,11 +203,18 @@ def daemon_status(as_json):
     click.echo(f"context      {st['n_slots']} slots x {st['n_ctx_seq']} tokens, "
                f"{st['threads']}+{st['threads_batch']} threads, KV {st['type_k']}/{st['type_v']}, "
                f"flash attention {'on' if st['flash_attn'] else 'off'}")
-    click.echo(f"requests     {st['served']} served, {st['errors']} errors, {st['queued']} queued")
+    click.echo(f"layout       {st['layout']}: {st['layout_reason']}")
+    req = st["requests"]
+    lat = f", latency p50 {req['p50_ms']} ms / p95 {req['p95_ms']} ms (last {req['window']})" if req["window"] else ""
+    click.echo(f"requests     {st['served']} served, {st['errors']} errors, {st['queued']} queued{lat}")
     for s in st["slots"]:
         click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {s['path'] or '-'}")
+    for path, f in req["files"].items():
+        click.echo(f"file         {f['hit_rate']:6.0%} hits  {f['requests']:4} requests  {path}")
     if st.get("store"):
         hits, misses = st["store"]["hits"], st["store"]["misses"]
+        for t, v in st["store"]["tiers"].items():
+            click.echo(f"{t + ' tier':12} {tier_usage(v)}")
         click.echo("hits         " + pairs(hits))
         click.echo("misses       " + pairs(misses))
         click.echo(f"sparse       {st['sparse_restore']}, {st['store']['sparse_restores']} restores")
@@ -233,3 +244,57 @@ def daemon_restart(timeout, roots, **model_kw):
         pass
     pid = start_daemon(timeout, build_config(**model_kw), roots)
     click.echo(f"efim daemon restarted (pid {pid})")
+
+
+@daemon.command("logs")
+@click.option("-n", "--lines", type=click.IntRange(0), default=50, show_default=True, help="Lines to show.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (across rotations) until Ctrl-C.")
+@user_errors
+def daemon_logs(lines, follow):
+    """Print the daemon's log: one line per request (path, layout, tokens, tier, re-anchor, ms).
+
+    \b
+    Examples:
+      efim daemon logs -n 20
+      efim daemon logs -f
+    """
+    import collections
+    import os
+    import time
+
+    from ..daemon import paths
+
+    path = paths.log_file()
+    out = sys.stdout.buffer
+
+    def reopen():
+        try:
+            return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+        except FileNotFoundError:
+            return None
+
+    f = reopen()
+    if f is None and not follow:
+        return click.echo(f"no daemon log yet ({path})")
+    if f is not None:
+        out.write(b"".join(collections.deque(f, maxlen=lines)))
+        out.flush()
+    try:
+        while follow:
+            time.sleep(0.2)
+            if f is not None:
+                chunk = f.read()
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                    continue
+            try:  # rotated (a new file at the path) or truncated: start on the new one
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if f is None or st.st_ino != os.fstat(f.fileno()).st_ino or st.st_size < f.tell():
+                if f is not None:
+                    f.close()
+                f = reopen()
+    except KeyboardInterrupt:
+        pass

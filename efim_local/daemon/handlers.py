@@ -34,7 +34,7 @@ class Handlers:
     def table(self) -> dict:
         return {"complete": self.complete, "didOpen": self.did_open, "didChange": self.did_change,
                 "didClose": self.did_close, "cursor": self.cursor, "cancel": self.cancel, "status": self.status,
-                "shutdown": self.shutdown, **test_hooks.methods(self)}
+                "shutdown": self.shutdown, "clearCache": self.clear_cache, **test_hooks.methods(self)}
 
     def complete(self, conn: Connection, msg: Message):
         p = msg.params
@@ -94,7 +94,20 @@ class Handlers:
                      "queued": self.worker.queued(), "idle_tasks": self.worker.idle_pending(),
                      "served": self.worker.served, "errors": self.worker.errors,
                      "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else []})
+        info.update(requests=self.worker.stats.summary(), python_threads=threading.active_count())
         return info
+
+    def clear_cache(self, conn, msg):
+        """`efim cache clear` while the daemon runs: empty the live slots and the store (RAM tier
+        too), on the engine thread, so that nothing is written back afterwards."""
+        def clear(engine: Engine) -> dict:
+            engine.clear_slots()
+            n = len(engine.store.index.rows()) if engine.store else 0
+            if engine.store:
+                engine.store.clear()
+            return {"deleted": n, "slots_cleared": len(engine.slots.slots)}
+
+        return self.worker.call(clear)
 
     def shutdown(self, conn, msg):
         threading.Timer(0.05, self.server.stop).start()

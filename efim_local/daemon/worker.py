@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ..engine import CompletionRequest, Engine
 from ..errors import Busy, Cancelled, EfimError, InternalError, internal
 from .framing import error, notification, reply
+from .logs import RequestStats
 
 log = logging.getLogger("efim.daemon")
 
@@ -58,6 +59,7 @@ class Worker:
         self.stopping = False
         self.served = 0
         self.errors = 0
+        self.stats = RequestStats(engine.default_layout, engine.layout_reason)  # log lines, latencies, hit rates
 
     # -- the thread ------------------------------------------------------------------------
     def start(self) -> None:
@@ -231,7 +233,9 @@ class Worker:
                 raise Busy(f"busy: waited more than {QUEUE_TIMEOUT:.0f} s in the queue")
             out = self.engine.complete(job.request, on_text=on_text, should_stop=job.cancelled.is_set)
             self.served += 1
-            conn.send(reply(rid, out.to_json()))
+            answer = out.to_json()
+            conn.send(reply(rid, answer))
+            self.stats.record(job.request.path, answer)
             if out.context.get("reduced"):  # the budget cut the context: grow it back while idle
                 path = job.request.path
                 self.add_idle(lambda engine, should_stop: engine.grow(path, should_stop), key=("grow", path))

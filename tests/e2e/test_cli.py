@@ -91,8 +91,14 @@ def test_cache_commands(tiny_model, tmp_path):
     stats = json.loads(efim_cli("cache", "stats", "--json", env=env).stdout)
     assert stats["hits"]["disk"] == 1 and stats["misses"]["no_state"] == 1
     assert json.loads(efim_cli("cache", "gc", "--json", env=env).stdout)["files_without_row"] == 0
-    assert json.loads(efim_cli("cache", "clear", "--json", env=env).stdout) == {"deleted": 1}
+    ls = efim_cli("cache", "ls", env=env).stdout.decode().splitlines()
+    assert ls[0].split() == ["id", "tier", "tokens", "MiB", "hits", "path"] and ls[1].endswith(str(src.resolve()))
+    assert json.loads(efim_cli("cache", "clear", "--json", env=env).stdout) == {"deleted": 1, "daemon": False}
     assert json.loads(efim_cli("cache", "ls", "--json", env=env).stdout) == []
+    empty = efim_cli("cache", "ls", env=env).stdout.decode()  # not silence: say where it looked
+    assert empty == f"no saved states in {tmp_path / 'state' / 'efim' / 'kv'}\n"
+    text = efim_cli("cache", "stats", env=env).stdout.decode()
+    assert "0.00 / 512 MiB" in text and "0.00 / 4096 MiB" in text  # the configured budgets, in MiB
     status = json.loads(efim_cli("status", "--json", "--model", str(tiny_model), env=env).stdout)
     assert status["swa_strategy"] == "none" and status["state_restore"] == "longest prefix"
 

@@ -1,0 +1,100 @@
+"""The daemon's log (one line per request, rotated) and its request statistics for ``status``.
+
+Only efim's own loggers (``efim.*``) log below WARNING, and DEBUG only with ``-v``: the file
+watcher's and other libraries' chatter stays out. The log file is opened like every file in the
+state directory (``paths.open_private``: no symbolic links, 0600), and rotated by size.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import threading
+from collections import deque
+
+from . import paths
+
+log = logging.getLogger("efim.daemon")
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MAX_BYTES = 4 << 20  # rotate past 4 MiB,
+BACKUPS = 3  # keeping daemon.log.1 .. .3
+WINDOW = 200  # requests the latency percentiles cover
+
+
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A RotatingFileHandler whose files are opened through ``paths.open_private``. With
+    ``capture_stderr``, file descriptors 1 and 2 follow the current file across rotations, so a crash
+    report (faulthandler, a dying thread) lands in the log too."""
+
+    def __init__(self, filename, capture_stderr: bool = False):
+        self.capture_stderr = capture_stderr
+        super().__init__(filename, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8", delay=False)
+
+    def _open(self):
+        from pathlib import Path
+
+        fd = paths.open_private(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND)
+        if self.capture_stderr:
+            for std in (1, 2):
+                os.dup2(fd, std)
+        return os.fdopen(fd, "a", encoding=self.encoding)
+
+
+def setup(verbose: bool, log_file=None) -> None:
+    """Log efim's messages (INFO, or DEBUG with ``verbose``) to ``log_file`` (rotated; stderr follows
+    it) or, without one, to stderr."""
+    handler = PrivateRotatingFileHandler(log_file, capture_stderr=True) if log_file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(FORMAT))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)  # other libraries: warnings only
+    logging.getLogger("efim").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+
+
+class RequestStats:
+    """What the daemon answered: a log line per request, the latencies of the last ``WINDOW``
+    requests, and per file how many requests found their prompt cached (thread-safe)."""
+
+    def __init__(self, layout: str = "", layout_reason: str = ""):
+        self.lock = threading.Lock()
+        self.latencies: deque[float] = deque(maxlen=WINDOW)
+        self.files: dict[str, list[int]] = {}  # path -> [requests, hits, cached tokens, prompt tokens]
+        self.layout, self.layout_reason = layout, layout_reason
+        self.first = True
+
+    def record(self, path: str, out: dict) -> None:
+        """One answered completion (its JSON): log it and count it."""
+        tok, ms = out["tokens"], out["timings"]["total_ms"]
+        with self.lock:
+            first, self.first = self.first, False
+            self.latencies.append(ms)
+            f = self.files.setdefault(path, [0, 0, 0, 0])
+            f[0] += 1
+            f[1] += tok["cached"] > 0
+            f[2] += tok["cached"]
+            f[3] += tok["prompt"]
+        if first:
+            log.info("first request: layout %s (%s)", self.layout, self.layout_reason)
+        log.info("complete %s layout=%s cached=%d evaluated=%d generated=%d tier=%s reanchor=%s %.1f ms",
+                 path, out["layout"], tok["cached"], tok["evaluated"], tok["generated"], out["cache_tier"],
+                 out["reanchor"] or "-", ms)
+
+    def summary(self) -> dict:
+        with self.lock:
+            lat = list(self.latencies)
+            files = {p: {"requests": n, "hit_rate": round(h / n, 3), "cached_tokens": c, "prompt_tokens": t}
+                     for p, (n, h, c, t) in self.files.items()}
+        r = lambda v: None if v is None else round(v, 1)
+        return {"window": len(lat), "p50_ms": r(percentile(lat, 50)), "p95_ms": r(percentile(lat, 95)),
+                "files": files}

@@ -1,0 +1,120 @@
+"""An observable daemon: a log line per request, `daemon logs`, a status that shows threads, KV
+type, slots, tier usage, latency percentiles and hit rates, `efim status` and `efim complete`
+saying which path answered, and `efim cache clear` reaching the running daemon."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from tests.helpers import efim_cli
+
+DOC = "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n" * 12
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
+
+
+@pytest.fixture
+def env(tmp_path, tiny_model):
+    (tmp_path / "rt").mkdir()
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'model = "{tiny_model}"\nmax_prompt_ms = 0\n[context]\nn_ctx_seq = 1024\nn_slots = 3\n')
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "rt"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "EFIM_CONFIG": str(cfg)}
+    r = efim_cli("daemon", "start", env=env)
+    assert r.returncode == 0, r.stderr
+    yield env
+    efim_cli("daemon", "stop", env=env)
+
+
+def cli(env, *args, code=0):
+    r = efim_cli(*args, env=env)
+    assert r.returncode == code, (r.stdout + r.stderr).decode()
+    return r
+
+
+def test_requests_are_logged_and_status_shows_them(env, tmp_path):
+    src = tmp_path / "a.py"
+    src.write_text(DOC)
+    args = ["complete", str(src), "-l", "3", "-c", "1", "--json", "--max-tokens", "3"]
+    first = cli(env, *args, "-v")
+    assert json.loads(first.stdout)["via"] == "daemon"
+    assert first.stderr.decode() == f"efim: answered by the daemon on {tmp_path / 'rt' / 'efim' / 'efim.sock'}\n"
+    second = json.loads(cli(env, *args).stdout)
+    assert second["via"] == "daemon" and second["cache_tier"] == "slot"
+
+    logs = cli(env, "daemon", "logs").stdout.decode()
+    lines = [ln for ln in logs.splitlines() if " complete " in ln]
+    assert len(lines) == 2 and all(re.match(STAMP + " INFO efim.daemon: complete ", ln) for ln in lines)
+    assert f"complete {src} layout=fim cached=0 evaluated=" in lines[0] and "tier=none reanchor=new_session" in lines[0]
+    assert "cached=" in lines[1] and "evaluated=1 generated=3 tier=slot reanchor=- " in lines[1]
+    assert re.search(r"first request: layout fim \(model not fragment-trained", logs)
+    assert "DEBUG" not in logs and "watchdog" not in logs  # no library chatter without -v
+    assert cli(env, "daemon", "logs", "-n", "1").stdout.decode().count("\n") == 1
+
+    st = json.loads(cli(env, "daemon", "status", "--json").stdout)
+    req = st["requests"]
+    assert req["window"] == 2 and 0 < req["p50_ms"] <= req["p95_ms"]
+    assert req["files"][str(src)] == {"requests": 2, "hit_rate": 0.5, "cached_tokens": second["tokens"]["cached"],
+                                      "prompt_tokens": 2 * second["tokens"]["prompt"]}
+    text = cli(env, "daemon", "status").stdout.decode()
+    for want in ("KV f16/f16", "layout       fim: model not fragment-trained", "latency p50", "p95",
+                 f" 50% hits     2 requests  {src}", "ram tier", "disk tier", "/ 512 MiB", "threads"):
+        assert want in text, (want, text)
+    assert re.search(rf"slot \d +\d+ tokens  {re.escape(str(src))}", text)
+
+    # `efim status` is the daemon's, without loading the model in this process
+    st = json.loads(cli(env, "status", "--json").stdout)
+    assert st["via"] == "daemon" and st["daemon_pid"] > 0 and st["layout"] == "fim" and "layout_reason" in st
+
+    # options that need another engine never bypass the daemon silently
+    r = cli(env, *args, "--threads", "1")
+    assert json.loads(r.stdout)["via"] == "in-process"
+    assert r.stderr.decode() == "efim: a daemon is running, but --threads needs its own engine: answering in-process\n"
+    r = cli(env, *args, "--no-daemon", "-v")
+    assert r.stderr.decode() == "efim: answering in-process (--no-daemon given)\n"
+
+
+def test_cache_clear_reaches_the_running_daemon(env, tmp_path):
+    """Before: the daemon kept its slots and RAM tier and wrote the states back after the clear."""
+    src = tmp_path / "b.py"
+    src.write_text(DOC)
+    args = ["complete", str(src), "-l", "3", "-c", "1", "--json", "--max-tokens", "3"]
+    cli(env, *args)
+    time.sleep(1.5)  # the daemon saves its dirty slot after a quiet moment
+    assert len(json.loads(cli(env, "cache", "ls", "--json").stdout)) == 1
+    out = json.loads(cli(env, "cache", "clear", "--json").stdout)
+    assert out["daemon"] is True and out["deleted"] == 1
+    time.sleep(1.5)
+    assert json.loads(cli(env, "cache", "ls", "--json").stdout) == []
+    st = json.loads(cli(env, "daemon", "status", "--json").stdout)
+    assert all(s["tokens"] == 0 for s in st["slots"]) and st["store"]["tiers"]["ram"]["states"] == 0
+    again = json.loads(cli(env, *args).stdout)
+    assert again["tokens"]["cached"] == 0 and again["cache_tier"] == "none"
+
+
+def test_log_file_rotates_and_is_private(tmp_path, monkeypatch):
+    """The daemon's log handler: rotated by size, files 0600, never through a symbolic link."""
+    import logging
+    import os
+
+    from efim_local.daemon import logs
+    from efim_local.errors import ConfigError
+
+    monkeypatch.setattr(logs, "MAX_BYTES", 2000)
+    path = tmp_path / "daemon.log"
+    h = logs.PrivateRotatingFileHandler(path)
+    rec = logging.LogRecord("efim.daemon", logging.INFO, __file__, 1, "x" * 100, None, None)
+    for _ in range(60):
+        h.emit(rec)
+    h.close()
+    assert (tmp_path / "daemon.log.1").exists() and path.stat().st_size <= 2000
+    assert {oct(p.stat().st_mode & 0o777) for p in tmp_path.glob("daemon.log*")} == {"0o600"}
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    link = tmp_path / "linked.log"
+    os.symlink(target, link)
+    with pytest.raises(ConfigError):
+        logs.PrivateRotatingFileHandler(link)
