@@ -136,4 +136,4 @@ def tier_usage(t: dict) -> str:
     return f"{t['states']:5} states  {t['bytes'] / MIB:9.2f} / {t['budget_bytes'] / MIB:.0f} MiB"
 
 
-from . import bench, cache, complete, daemon, models  # noqa: E402,F401  (registers the commands)
+from . import bench, cache, complete, daemon, lsp, models  # noqa: E402,F401  (registers the commands)

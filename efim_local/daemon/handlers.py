@@ -1,4 +1,4 @@
-"""The daemon's methods: complete, didOpen, didChange, didClose, cancel, status, shutdown.
+"""The daemon's methods: complete, didOpen, didChange, didClose, cursor, cancel, status, accepted, shutdown.
 
 Each handler validates its params (one-line ``InvalidParams`` errors), then
 either answers at once or hands a job to the engine thread (``worker.py``).
@@ -30,11 +30,14 @@ class Handlers:
     def __init__(self, server, engine: Engine, worker: Worker):
         self.server, self.engine, self.worker = server, engine, worker
         self.documents = Documents(engine.files)
+        # what editors reported taking of the completions (efim lsp's accept notifications)
+        self.acceptance = {"completions": 0, "partial": 0, "offered_chars": 0, "accepted_chars": 0}
 
     def table(self) -> dict:
         return {"complete": self.complete, "didOpen": self.did_open, "didChange": self.did_change,
                 "didClose": self.did_close, "cursor": self.cursor, "cancel": self.cancel, "status": self.status,
-                "shutdown": self.shutdown, "clearCache": self.clear_cache, **test_hooks.methods(self)}
+                "shutdown": self.shutdown, "accepted": self.accepted,
+                "clearCache": self.clear_cache, **test_hooks.methods(self)}
 
     def complete(self, conn: Connection, msg: Message):
         p = msg.params
@@ -93,9 +96,24 @@ class Handlers:
         info.update({"socket": str(s.sock_path), "pid": os.getpid(), "uptime_s": round(time.time() - s.started, 1),
                      "queued": self.worker.queued(), "idle_tasks": self.worker.idle_pending(),
                      "served": self.worker.served, "errors": self.worker.errors,
-                     "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else []})
+                     "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else [],
+                     "accepted": dict(self.acceptance)})
         info.update(requests=self.worker.stats.summary(), python_threads=threading.active_count())
         return info
+
+    def accepted(self, conn, msg):
+        """An editor took ``accepted`` code points of completion ``text`` (all: a full accept)."""
+        p = msg.params
+        path_param(p)
+        param(p, "id", str, "")
+        text = param(p, "text", str)
+        check_size(text)
+        n = param(p, "accepted", int, lo=0, hi=len(text))
+        a = self.acceptance
+        a["completions" if n == len(text) else "partial"] += 1
+        a["offered_chars"] += len(text)
+        a["accepted_chars"] += n
+        return dict(a)
 
     def clear_cache(self, conn, msg):
         """`efim cache clear` while the daemon runs: empty the live slots and the store (RAM tier

@@ -1,0 +1,140 @@
+"""The LSP server's connection to the shared daemon (asyncio; many requests in flight).
+
+``send`` and ``request`` write at once, without awaiting, so messages reach the daemon in the order
+the editor sent them; until the connection is up they wait in an outbox, in order. When the daemon
+goes away, pending requests fail with ``DaemonUnavailable`` and the next message reconnects (starting
+the daemon when ``start`` is set) and replays ``on_connect`` (the open documents) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from ..daemon.framing import request
+from ..errors import AlreadyRunning, DaemonUnavailable, EfimError, from_wire
+
+log = logging.getLogger("efim.lsp")
+READ_LIMIT = 16 << 20  # bytes per reply line
+
+
+class Relay:
+    """Requests to the daemon on ``sock_path`` (default: ``$EFIM_SOCKET`` or the runtime dir)."""
+
+    def __init__(self, sock_path: str | Path | None = None, start: bool = True,
+                 on_connect: Callable[[], None] | None = None,
+                 on_notification: Callable[[dict], None] | None = None):
+        self.sock_path, self.start = sock_path, start
+        self.on_connect, self.on_notification = on_connect, on_notification
+        self.ids = itertools.count(1)
+        self.pending: dict[int, asyncio.Future] = {}
+        self.outbox: list[bytes] = []
+        self.writer: asyncio.StreamWriter | None = None
+        self.connecting: asyncio.Task | None = None
+        self.error: str | None = None  # why the last connection attempt failed
+
+    # -- sending ----------------------------------------------------------------------------
+    def request(self, method: str, params: dict) -> tuple[int, asyncio.Future]:
+        """Send a request now; returns its id and the future of its result."""
+        rid = next(self.ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = fut
+        self._write(request(rid, method, params))
+        return rid, fut
+
+    async def call(self, method: str, params: dict) -> Any:
+        return await self.request(method, params)[1]
+
+    def notify(self, method: str, params: dict) -> None:
+        self._write(json.dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode() + b"\n")
+
+    def _write(self, frame: bytes) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(frame)
+            return
+        self.outbox.append(frame)
+        if self.connecting is None or self.connecting.done():
+            self.connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    # -- connecting -------------------------------------------------------------------------
+    def path(self) -> str:
+        from ..daemon import paths
+
+        return str(self.sock_path or paths.socket_path())
+
+    async def _connect(self) -> None:
+        try:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.path(), limit=READ_LIMIT)
+            except OSError:
+                if not self.start:
+                    raise
+                await asyncio.get_running_loop().run_in_executor(None, self._start_daemon)
+                reader, writer = await asyncio.open_unix_connection(self.path(), limit=READ_LIMIT)
+        except (OSError, EfimError) as e:
+            self.error = f"no efim daemon at {self.path()}: {e}"
+            log.warning("%s", self.error)
+            self._fail_all(DaemonUnavailable(self.error))
+            return
+        self.error = None
+        self.writer = writer
+        outbox, self.outbox = self.outbox, []
+        if self.on_connect:
+            self.on_connect()  # writes the replayed documents before the waiting messages
+        for frame in outbox:
+            writer.write(frame)
+        asyncio.get_running_loop().create_task(self._read(reader, writer))
+
+    def _start_daemon(self) -> None:
+        from .. import config as config_mod
+        from ..cli.daemon import start_daemon
+
+        if self.sock_path:  # the daemon and its `running()` probes use $EFIM_SOCKET
+            os.environ["EFIM_SOCKET"] = str(self.sock_path)
+        log.info("starting the efim daemon on %s", self.path())
+        try:
+            start_daemon(120.0, config_mod.load())
+        except AlreadyRunning:  # another editor started it meanwhile
+            pass
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                self._dispatch(json.loads(line))
+        except (OSError, ValueError, asyncio.LimitOverrunError) as e:
+            log.warning("daemon connection failed: %s", e)
+        finally:
+            if self.writer is writer:
+                self.writer = None
+            writer.close()
+            self._fail_all(DaemonUnavailable("the efim daemon closed the connection"))
+
+    def _dispatch(self, msg: dict) -> None:
+        if "id" not in msg:
+            if self.on_notification:
+                self.on_notification(msg)
+            return
+        fut = self.pending.pop(msg["id"], None)
+        if fut is None or fut.done():
+            return
+        if "error" in msg:
+            fut.set_exception(from_wire(msg["error"]))
+        else:
+            fut.set_result(msg.get("result"))
+
+    def _fail_all(self, err: EfimError) -> None:
+        pending, self.pending = self.pending, {}
+        self.outbox.clear()
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

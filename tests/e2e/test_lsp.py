@@ -1,0 +1,237 @@
+"""`efim lsp` over stdio, driven by a real LSP client (pytest-lsp), relaying to a real daemon on the
+tiny model: initialize, open, inline completion, incremental change, cancel, partial accept,
+shutdown, and errors that leave the server serving."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import sys
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types as t
+from pygls.exceptions import JsonRpcException
+from pytest_lsp import LanguageClient, client_capabilities, make_test_lsp_client
+
+from efim_local.errors import CANCELLED, INVALID_PARAMS
+from efim_local.lsp.server import plain
+
+from tests.helpers import ROOT, Daemon
+
+URI = "file:///work/proj/app.py"
+# Greek letters are one UTF-16 unit, the emoji two: LSP columns differ from the daemon's code points.
+TEXT = "def greet(name):\n    s = 'αβ 😀 ' + name\n    return s\n\nx = gre"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, tiny_model):
+    d = Daemon(tmp_path_factory.mktemp("lsp-daemon"), tiny_model).start()
+    yield d
+    d.stop()
+
+
+async def start_client(env: dict, *args: str, init: dict | None = None, folders=("file:///work/proj",)
+                       ) -> LanguageClient:
+    client = make_test_lsp_client()
+    await client.start_io(sys.executable, "-m", "efim_local.cli", "lsp", *args, env=env, cwd=str(ROOT))
+    status: list = []
+    client.efim_status = status
+    client.feature("efim/status")(lambda params: status.append(plain(params)))
+    await client.initialize_session(t.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), initialization_options=init or {"maxTokens": 6},
+        workspace_folders=[t.WorkspaceFolder(uri=f, name="proj") for f in folders]))
+    return client
+
+
+@pytest_asyncio.fixture
+async def client(daemon):
+    c = await start_client(daemon.env, "--socket", str(daemon.sock))
+    yield c
+    await c.shutdown_session()
+    await c.stop()
+
+
+def open_doc(client, text=TEXT, uri=URI, language="python", version=1):
+    client.text_document_did_open(t.DidOpenTextDocumentParams(
+        text_document=t.TextDocumentItem(uri=uri, language_id=language, version=version, text=text)))
+
+
+def inline(client, line, character, uri=URI, msg_id=None):
+    """Send an inline completion request now; returns the future of its answer."""
+    return asyncio.wrap_future(client.protocol.send_request(t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionParams(
+        text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line, character),
+        context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)), msg_id=msg_id))
+
+
+def raw_request(client, method, params):
+    """A request with params as given (pygls' client would refuse to build a malformed one)."""
+    mid = f"raw-{id(params)}"
+    fut = concurrent.futures.Future()
+    client.protocol._request_futures[mid] = fut
+    client.protocol._send_data({"jsonrpc": "2.0", "id": mid, "method": method, "params": params})
+    return asyncio.wrap_future(fut)
+
+
+def edit(client, version, start, end, text, uri=URI):
+    client.text_document_did_change(t.DidChangeTextDocumentParams(
+        text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=version),
+        content_changes=[t.TextDocumentContentChangePartial(
+            range=t.Range(t.Position(*start), t.Position(*end)), text=text)]))
+
+
+def daemon_agrees(daemon, text, line, character, got):
+    """The daemon completes ``text`` at the same place of the same file as the LSP's request did, with
+    no re-anchoring (its synced copy was exactly ``text``), to the same text."""
+    with daemon.client() as c:
+        res = c.call("complete", {"path": "/work/proj/app.py", "text": text,
+                                  "position": {"line": line, "character": character}, "max_tokens": 6})
+    assert res["reanchor"] is None and res["text"] == got, res
+    return res["text"]
+
+
+@pytest.mark.asyncio
+async def test_initialize_open_complete_and_word_range(client, daemon):
+    res = client.capabilities  # what we sent; the server's answer is checked through its behaviour
+    assert res is not None
+    open_doc(client)
+    got = await inline(client, 4, 7)  # after "x = gre"
+    assert len(got.items) == 1
+    item = got.items[0]
+    # The item replaces the typed part of the word ("gre") with that part plus efim's text.
+    assert item.range == t.Range(t.Position(4, 4), t.Position(4, 7))
+    want = item.insert_text[3:]
+    assert item.insert_text.startswith("gre") and want and daemon_agrees(daemon, TEXT, 4, 7, want)
+    assert item.command.command == "efim.accepted" and item.command.arguments[0]["text"] == want
+    # the status notification: model, latency, cache tier
+    st = client.efim_status[-1]
+    assert st["model"].endswith("tiny.gguf") and st["latency_ms"] > 0 and st["cache_tier"] in ("slot", "ram", "disk", "none")
+
+
+@pytest.mark.asyncio
+async def test_incremental_changes_convert_utf16_columns(client, daemon):
+    open_doc(client)
+    # Line 1 is "    s = 'αβ 😀 ' + name": the emoji is 2 UTF-16 units, so code point 14 (after "😀 ")
+    # is UTF-16 column 15. Insert "ok" there, then type on line 4 and complete.
+    edit(client, 2, (1, 15), (1, 15), "ok")
+    edit(client, 3, (4, 7), (4, 7), "e")
+    edit(client, 4, (4, 8), (4, 8), "t(")
+    got = await inline(client, 4, 10)
+    text = TEXT.replace("😀 ", "😀 ok").replace("x = gre", "x = greet(")
+    daemon_agrees(daemon, text, 4, 10, got.items[0].insert_text)  # "(" ends no word: an empty range
+    assert got.items[0].range == t.Range(t.Position(4, 10), t.Position(4, 10))
+    # a completion right after the emoji: the range's start is in UTF-16 units
+    edit(client, 5, (1, 17), (1, 17), "ab")
+    got = await inline(client, 1, 19)
+    assert got.items[0].range.start == t.Position(1, 15)  # the word "okab"
+    assert got.items[0].insert_text.startswith("okab")
+    text = text.replace("😀 ok", "😀 okab")
+    daemon_agrees(daemon, text, 1, 18, got.items[0].insert_text[4:])  # code point 18 = UTF-16 column 19
+    with daemon.client() as c:
+        st = c.call("status")
+    assert st["errors"] == 0
+
+
+@pytest.mark.asyncio
+async def test_newer_request_cancels_older_and_cancel_request(client, daemon):
+    doc = "import os\n" * 400 + "def f(x):\n    return "
+    open_doc(client, text=doc)
+    first = inline(client, 401, 11)
+    second = inline(client, 401, 11)  # cancels the first (the daemon supersedes it)
+    with pytest.raises(JsonRpcException) as e:
+        await first
+    assert e.value.code == CANCELLED
+    assert len((await second).items) == 1
+    # $/cancelRequest: answered RequestCancelled, and the daemon cancels its request too
+    edit(client, 2, (0, 0), (0, 0), "import sys\n" * 300)
+    third = inline(client, 701, 11, msg_id="third")
+    await asyncio.sleep(0.05)
+    client.protocol.notify("$/cancelRequest", t.CancelParams(id="third"))
+    with pytest.raises(JsonRpcException) as e:
+        await third
+    assert e.value.code == CANCELLED
+    assert len((await inline(client, 701, 11)).items) == 1  # and it goes on serving
+    with daemon.client() as c:
+        assert c.call("status")["errors"] == 0
+
+
+@pytest.mark.asyncio
+async def test_partial_and_full_accept_reach_the_daemon(client, daemon):
+    with daemon.client() as c:
+        before = c.call("status")["accepted"]
+    open_doc(client)
+    item = (await inline(client, 4, 7)).items[0]
+    args = plain(item.command.arguments[0])
+    client.protocol.notify("efim/didPartiallyAcceptCompletion", {**args, "acceptedLength": 1})
+    await client.workspace_execute_command_async(t.ExecuteCommandParams(command="efim.accepted", arguments=[args]))
+    with daemon.client() as c:
+        after = c.call("status")["accepted"]
+    n = len(args["text"])
+    assert after["partial"] == before["partial"] + 1 and after["completions"] == before["completions"] + 1
+    assert after["accepted_chars"] - before["accepted_chars"] == 1 + n
+    assert after["offered_chars"] - before["offered_chars"] == 2 * n
+    with pytest.raises(JsonRpcException) as e:  # more accepted than offered
+        await client.workspace_execute_command_async(t.ExecuteCommandParams(
+            command="efim.accepted", arguments=[{"uri": URI, "text": "ab", "acceptedLength": 3}, 2]))
+    assert e.value.code == INVALID_PARAMS
+
+
+@pytest.mark.asyncio
+async def test_malformed_and_out_of_range_requests_get_errors(client):
+    open_doc(client)
+    with pytest.raises(JsonRpcException) as e:
+        await inline(client, 99, 0)
+    assert e.value.code == INVALID_PARAMS and "outside the document" in e.value.message
+    with pytest.raises(JsonRpcException) as e:  # not a uinteger: the params do not even parse
+        await raw_request(client, t.TEXT_DOCUMENT_INLINE_COMPLETION, {
+            "textDocument": {"uri": URI}, "position": {"line": -1, "character": 0}, "context": {"triggerKind": 1}})
+    assert e.value.code == INVALID_PARAMS
+    with pytest.raises(JsonRpcException) as e:
+        await inline(client, 0, 0, uri="file:///nowhere.py")
+    assert e.value.code == INVALID_PARAMS and "not open" in e.value.message
+    # params that do not fit the method's type at all
+    with pytest.raises(JsonRpcException) as e:
+        await raw_request(client, t.TEXT_DOCUMENT_INLINE_COMPLETION, {"textDocument": 5})
+    assert e.value.code == INVALID_PARAMS
+    # an edit outside the document: the server resyncs instead of dying
+    edit(client, 2, (50, 0), (50, 0), "zzz")
+    got = await inline(client, 4, 7)
+    assert got.items[0].range.start == t.Position(4, 4)
+
+
+@pytest.mark.asyncio
+async def test_settings_languages_and_configuration_change(client):
+    open_doc(client, uri="file:///work/proj/notes.md", language="markdown", text="# Notes\nabc")
+    assert (await inline(client, 1, 3, uri="file:///work/proj/notes.md")).items
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(
+        settings={"efim": {"enabledLanguages": ["python"], "maxTokens": 2}}))
+    assert not (await inline(client, 1, 3, uri="file:///work/proj/notes.md")).items
+    open_doc(client)
+    await inline(client, 4, 7)
+    assert client.efim_status[-1]["tokens"]["generated"] <= 2
+
+
+@pytest.mark.asyncio
+async def test_starts_the_daemon_when_none_runs(tmp_path, tiny_model):
+    sock = tmp_path / "run" / "efim.sock"
+    (tmp_path / "config.toml").write_text("max_prompt_ms = 0\n")
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               EFIM_CONFIG=str(tmp_path / "config.toml"), EFIM_MODEL=str(tiny_model), EFIM_SOCKET=str(sock))
+    client = await start_client(env, init={"maxTokens": 4}, folders=(f"file://{tmp_path}",))
+    try:
+        open_doc(client, uri=f"file://{tmp_path}/a.py")
+        got = await inline(client, 4, 7, uri=f"file://{tmp_path}/a.py")
+        assert got.items and sock.exists()
+        from efim_local.daemon.client import Client
+
+        with Client(sock) as c:
+            st = c.call("status")
+        assert st["documents"] == 1 and str(tmp_path) in st["watching"]  # the folder became a watched root
+        await client.shutdown_session()
+    finally:
+        await client.stop()
+        from efim_local.daemon.client import Client
+
+        with Client(sock) as c:
+            c.call("shutdown")
