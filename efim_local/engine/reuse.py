@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import Unsupported
 from ..kv import Hit, Miss, StateStore, kvblob
+from ..kv.prefix import common_prefix
 from .decode import Decoder
 from .files import Files
 from .slots import Slot, SlotManager
@@ -47,8 +48,12 @@ class Reuse:
         self.ctx, self.slots, self.decoder, self.files = ctx, slots, decoder, files
         self.store, self.sparse, self.n_stream, self.swa = store, sparse, n_stream, swa
 
-    def start(self, prompt: np.ndarray, path: str | None, want_sparse: bool, cold: bool = False) -> Start:
-        """Choose the slot for ``prompt`` and bring in the best KV for it. ``cold`` ignores all of it."""
+    def start(self, prompt: np.ndarray, path: str | None, want_sparse: bool, cold: bool = False,
+              idle: bool = False) -> Start:
+        """Choose the slot for ``prompt`` and bring in the best KV for it. ``cold`` ignores all of it;
+        ``idle`` work never cuts the KV a slot holds beyond the shared prefix (see fork())."""
+        if idle and not cold:
+            self.fork(prompt, path)
         slot, n_common = self.slots.pick(prompt)
         if slot.sparse and (not want_sparse or cold):  # approximate KV never serves an exact request
             self.clear(slot)
@@ -65,6 +70,36 @@ class Reuse:
         start = self._from_store(slot, prompt, n_common, tier, path, want_sparse)
         start.same = same
         return start
+
+    def fork(self, prompt: np.ndarray, path: str | None) -> None:
+        """Copy the longest prefix of ``prompt`` a slot holds into a spare slot, if that slot holds
+        more (the keystrokes' KV): idle work then grows the copy, and a request that comes in the
+        meantime still finds its own KV whole. Without this, every keystroke would cut off what the
+        idle work had grown since the last one."""
+        src, n = self.slots.pick(prompt)
+        if self.swa or src.sparse or n < self.slots.min_reuse or n >= len(src.tokens) or n + 1 >= len(prompt):
+            return
+        spare = self.slots.spare(exclude=src.seq)
+        if spare is None:
+            return
+        if spare.dirty:
+            self.save(spare)
+        self.clear(spare)
+        self.ctx.seq_cp(src.seq, spare.seq)  # whole sequences: llama.cpp copies across streams only so
+        self.ctx.seq_rm(spare.seq, n, -1)
+        spare.tokens = src.tokens[:n].copy()
+        # A copy across KV streams is only carried out by the next decode: do one now (the next token
+        # of the idle work), so that no save or restore of this slot can see it half done.
+        self.decoder.prefill(spare, prompt[:n + 1], n)
+        spare.path, spare.checkpoint, spare.dirty = path, src.checkpoint, False
+        spare.last_used = src.last_used - 1e-3  # of two equal matches pick() takes the older: this one
+
+    def drop_others(self, path: str, prompt: np.ndarray) -> None:
+        """Empty the slots of ``path`` that share less than all of ``prompt`` (a plan superseded by
+        the grown one): one file, one live slot."""
+        for slot in self.slots.slots:
+            if slot.path == path and len(slot.tokens) and common_prefix(slot.tokens, prompt) < len(prompt):
+                self.clear(slot)
 
     def peek(self, prompt: np.ndarray) -> int:
         """How many of ``prompt``'s tokens a live slot already holds (no side effects)."""

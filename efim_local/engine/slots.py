@@ -49,6 +49,11 @@ class SlotManager:
             n, slot = min(scored, key=lambda x: (len(x[1].tokens) > 0, x[1].last_used))
         return slot, n
 
+    def spare(self, exclude: int) -> Slot | None:
+        """An empty slot other than ``exclude``, else the least recently used other one."""
+        others = [s for s in self.slots if s.seq != exclude]
+        return min(others, key=lambda s: (len(s.tokens) > 0, s.last_used)) if others else None
+
     def lru(self, exclude: set[int]) -> Slot | None:
         cands = [s for s in self.slots if s.seq not in exclude and len(s.tokens)]
         return min(cands, key=lambda s: s.last_used) if cands else None

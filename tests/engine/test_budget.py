@@ -136,6 +136,40 @@ def test_growth_in_idle_steps_is_exact(engine, reference, doc, at, polls, typed)
     assert warm.token_ids == cold.token_ids
 
 
+def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference):
+    """Idle growth runs in a copy of the file's slot: a keystroke between two of its chunks still
+    finds its own KV (it costs a token or two), and the growth keeps its progress, so it ends in
+    about as many chunks as the missing context needs however much the user types meanwhile."""
+    text, path = DOCS[2][:4000], "interleave.py"  # all of it fits the context: growth starts at the top
+    engine.forget(path)
+    top, cur = text.index("\n", 1000) + 1, text.index("\n", 2800) + 1
+    engine.complete(CompletionRequest(text, top, path=path, layout="efim", max_prompt_ms=0, max_tokens=2))
+    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=2))
+    anchor = engine.session(path).anchor
+    assert anchor.reduced and anchor.head >= 300  # the slot holds the file's top, then the budget's tail
+    missing = len(engine.planner.stable_tokens("efim", engine.planner.full_anchor(anchor))) - anchor.head
+    chunks, cheap, typed = 0, 0, ""
+    while engine.session(path).anchor.reduced:
+        try:
+            engine.grow(path, _stop_after(2))  # one chunk, then a keystroke arrives
+        except Cancelled:
+            pass
+        chunks += 1
+        assert chunks <= missing // engine.config.idle_chunk_tokens + 3
+        ch = "value_"[chunks % 6]
+        text, cur, typed = text[:cur] + ch + text[cur:], cur + 1, typed + ch
+        out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=2))
+        assert out.tokens.evaluated <= 150
+        cheap += out.reanchor is None and out.tokens.evaluated <= 3
+    assert cheap >= chunks * 3 // 4  # most keystrokes re-used their KV (the others upgraded the plan)
+    req = CompletionRequest(text, cur, path=path, layout="efim", max_tokens=6)
+    warm = engine.complete(req)
+    assert not warm.context["reduced"]
+    assert sum(s.path == path and len(s.tokens) > 0 for s in engine.slots.slots) == 1  # the stale copy is gone
+    cold = reference.run(engine.plan(req).tokens, CompletionRequest("", 0, max_tokens=6), cold=True)
+    assert warm.token_ids == cold.token_ids
+
+
 def test_a_budgeted_reanchor_tokenizes_the_file_once(engine, monkeypatch):
     text, path = DOCS[3], "once.py"
     cur = text.index("\n", 3000) + 1
