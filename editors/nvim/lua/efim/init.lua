@@ -1,231 +1,374 @@
--- efim.nvim: ghost-text completions from the efim daemon (Unix socket, JSON-RPC, one object per line).
+-- efim.nvim: ghost-text completions from the efim daemon (Unix socket, JSON-RPC, one object per
+-- line; docs/protocol.md). Help: :help efim (editors/nvim/doc/efim.txt).
 --
---   require("efim").setup({ max_tokens = 64, debounce_ms = 150, accept_key = "<Tab>" })
+--   require("efim").setup({ max_tokens = 64, debounce_ms = 150 })
 --
 -- While you type in insert mode the plugin waits `debounce_ms`, asks the daemon for a completion
--- at the cursor, and shows it as virtual text. `accept_key` inserts it, `dismiss_key` hides it.
--- A newer request supersedes (and cancels) the older one. Files are warm before the first key:
--- entering a buffer opens it in the daemon (`didOpen`, which prefills it), and when the cursor
--- settles on another line (`cursor_debounce_ms`) the plugin syncs the text and sends a `cursor`
--- notification, so the daemon prefills the plan anchored there while you read.
+-- at the cursor and shows it as virtual text while it streams in. The ghost belongs to the place
+-- where it was asked for: moving the cursor, typing, or opening the popup menu hides it, and the
+-- accept keys act only there (and leave the popup menu its own keys). Buffers are synced
+-- incrementally (sync.lua), so files are warm in the daemon before the first key.
+local rpc = require("efim.rpc")
+local sync = require("efim.sync")
+local uv = vim.uv or vim.loop
+
 local M = {}
-local uv = vim.loop
 local ns = vim.api.nvim_create_namespace("efim")
 
-M.config = {
+local defaults = {
   socket = nil, -- default: $EFIM_SOCKET, else $XDG_RUNTIME_DIR/efim/efim.sock, else ~/.cache/efim/run/efim.sock
   max_tokens = 64,
   debounce_ms = 150,
+  cursor_debounce_ms = 300, -- the cursor settled on another line: prefill the plan there (0: off)
+  auto = true, -- request while typing; false: only on :EfimComplete
+  stream = true, -- show the completion while it is generated
   accept_key = "<Tab>",
-  dismiss_key = "<C-e>",
-  auto = true, -- request while typing; false: only on M.trigger()
+  accept_word_key = "<M-Right>",
+  accept_line_key = "<M-C-Right>",
+  dismiss_key = "<C-]>",
   highlight = "Comment",
-  cursor_debounce_ms = 300, -- the cursor settled on a line: prefill there (0: off)
+  info = false, -- show latency, tokens evaluated and cache tier after the ghost
+  info_highlight = "NonText",
+  filetypes = { help = false, markdown = false }, -- filetype -> enabled; "*": the rest (default true)
+  unnamed = false, -- complete in buffers without a file name
+  root_markers = { ".git", ".hg", ".svn", "pyproject.toml", "package.json", "Cargo.toml", "go.mod" },
 }
+M.config = vim.deepcopy(defaults)
 
-local st = { pipe = nil, connected = false, outbox = {}, inbuf = "", next_id = 0, handlers = {},
-             timer = nil, current = nil, suggestion = nil, cursor_timer = nil, cursor_at = {} }
+local st = { enabled = true, timer = nil, cursor_timer = nil, cursor_at = {}, req = nil, ghost = nil, prior = {} }
+local has_inline = vim.fn.has("nvim-0.10") == 1
 
-local function socket_path()
+function M.socket_path()
   if M.config.socket then return M.config.socket end
   if os.getenv("EFIM_SOCKET") then return os.getenv("EFIM_SOCKET") end
   if os.getenv("XDG_RUNTIME_DIR") then return os.getenv("XDG_RUNTIME_DIR") .. "/efim/efim.sock" end
   return (os.getenv("XDG_CACHE_HOME") or (os.getenv("HOME") .. "/.cache")) .. "/efim/run/efim.sock"
 end
+rpc.socket = M.socket_path
 
-local function on_line(line)
-  local ok, msg = pcall(vim.json.decode, line)
-  if not ok or type(msg) ~= "table" or msg.id == nil then return end
-  local h = st.handlers[msg.id]
-  st.handlers[msg.id] = nil
-  if h then h(msg) end
+--- Whether completions are on in `bufnr` (default: the current buffer): :EfimEnable/:EfimDisable,
+--- then b:efim_enabled, then the buffer kind, the `unnamed` option and the `filetypes` table.
+function M.is_enabled(bufnr)
+  bufnr = bufnr or vim.api.nvim_get_current_buf()
+  if not st.enabled or not vim.api.nvim_buf_is_valid(bufnr) then return false end
+  local b = vim.b[bufnr].efim_enabled
+  if b ~= nil then return b == true or b == 1 end
+  local bt = vim.bo[bufnr].buftype
+  if bt ~= "" and bt ~= "help" then return false end
+  if vim.api.nvim_buf_get_name(bufnr) == "" and not M.config.unnamed then return false end
+  local v = M.config.filetypes[vim.bo[bufnr].filetype]
+  if v == nil then v = M.config.filetypes["*"] end
+  return v ~= false and v ~= 0
 end
 
-local function reset()
-  if st.pipe then pcall(function() st.pipe:close() end) end
-  st.pipe, st.connected, st.outbox, st.inbuf, st.handlers = nil, false, {}, "", {}
+-- -- the ghost ----------------------------------------------------------------------------------
+local function cursor_at(o)
+  if vim.api.nvim_get_current_buf() ~= o.buf then return false end
+  local r, c = unpack(vim.api.nvim_win_get_cursor(0))
+  return r - 1 == o.row and c == o.col
 end
 
-local function connect()
-  if st.pipe then return end
-  local pipe = uv.new_pipe(false)
-  st.pipe = pipe
-  pipe:connect(socket_path(), function(err)
-    if err then
-      vim.schedule(reset)
-      return
+-- The ghost can be shown or accepted: same buffer, text and cursor as when it was asked for,
+-- insert mode, no popup menu.
+local function still_at(o)
+  return cursor_at(o) and vim.b[o.buf].changedtick == o.tick and vim.fn.pumvisible() == 0
+    and vim.api.nvim_get_mode().mode:sub(1, 1) == "i"
+end
+
+local function report_accepted(g)
+  if g.taken > 0 then
+    rpc.notify("accepted", { path = g.path, id = tostring(g.id), text = g.offered, accepted = g.taken })
+  end
+end
+
+local function info_text(res)
+  if not (M.config.info and res) then return nil end
+  local t, tok = res.timings or {}, res.tokens or {}
+  return string.format("  efim %.0f ms, %d evaluated, %s", t.total_ms or 0, tok.evaluated or 0,
+    tostring(res.cache_tier or "?"))
+end
+
+--- Hide the ghost.
+function M.dismiss()
+  local g = st.ghost
+  st.ghost = nil
+  if g then
+    if vim.api.nvim_buf_is_valid(g.buf) then vim.api.nvim_buf_clear_namespace(g.buf, ns, 0, -1) end
+    report_accepted(g)
+  end
+end
+
+-- Draw `text` at origin `o` (buf, row, col, tick). `chain` carries what was offered and taken
+-- so far when this is the rest of a partly accepted completion.
+local function show(o, text, res, chain)
+  if text == nil or text == "" then return end
+  local hl = M.config.highlight
+  local lines = vim.split(text, "\n", { plain = true })
+  local opts = { virt_text = { { lines[1], hl } }, hl_mode = "combine" }
+  if has_inline then
+    opts.virt_text_pos = "inline"
+  else
+    local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
+    opts.virt_text_pos = (o.col >= #line) and "overlay" or "eol"
+  end
+  if #lines > 1 then
+    opts.virt_lines = {}
+    for i = 2, #lines do opts.virt_lines[i - 1] = { { lines[i], hl } } end
+  end
+  local info = info_text(res)
+  if info then
+    local last = opts.virt_lines and opts.virt_lines[#opts.virt_lines] or opts.virt_text
+    table.insert(last, { info, M.config.info_highlight })
+  end
+  vim.api.nvim_buf_clear_namespace(o.buf, ns, 0, -1)
+  vim.api.nvim_buf_set_extmark(o.buf, ns, o.row, o.col, opts)
+  chain = chain or { offered = text, taken = 0 }
+  st.ghost = { buf = o.buf, row = o.row, col = o.col, tick = o.tick, id = o.id, path = o.path, text = text,
+               res = res, offered = chain.offered, taken = chain.taken }
+end
+
+-- -- requests -------------------------------------------------------------------------------------
+local function cancel_request()
+  local req = st.req
+  st.req = nil
+  if req then
+    rpc.forget(req.entry)
+    if req.entry.id then rpc.notify("cancel", { id = req.entry.id }) end
+  end
+end
+
+local send_complete
+
+local function on_result(req, msg)
+  if st.req ~= req then return end
+  st.req = nil
+  local err = msg.error
+  if err then
+    -- A daemon that lost the document (restarted, or it was closed): open it again, once.
+    if not req.reopened and tostring(err.message):find("document not open", 1, true) then
+      req.reopened = true
+      local doc = sync.docs[req.origin.buf]
+      if doc then doc.gen = nil end
+      st.req = req
+      send_complete(req)
     end
-    st.connected = true
-    for _, data in ipairs(st.outbox) do pipe:write(data) end
-    st.outbox = {}
-    pipe:read_start(function(rerr, chunk)
-      if rerr or not chunk then
-        vim.schedule(reset)
-        return
-      end
-      st.inbuf = st.inbuf .. chunk
-      while true do
-        local nl = st.inbuf:find("\n", 1, true)
-        if not nl then break end
-        local line = st.inbuf:sub(1, nl - 1)
-        st.inbuf = st.inbuf:sub(nl + 1)
-        vim.schedule(function() on_line(line) end)
-      end
-    end)
-  end)
+    return
+  end
+  local res = msg.result
+  if type(res) ~= "table" then return end
+  if still_at(req.origin) and res.text ~= "" then
+    show(req.origin, res.text, res)
+  elseif st.ghost and st.ghost.id == req.origin.id then
+    M.dismiss()
+  end
 end
 
-local function send(method, params, handler)
-  connect()
-  st.next_id = st.next_id + 1
-  local id = st.next_id
-  if handler then st.handlers[id] = handler end
-  local data = vim.json.encode({ jsonrpc = "2.0", id = id, method = method, params = params }) .. "\n"
-  if st.connected then st.pipe:write(data) else table.insert(st.outbox, data) end
-  return id
+send_complete = function(req)
+  local o = req.origin
+  req.entry = rpc.request("complete", function()
+    local doc = sync.ensure(o.buf) -- (again) when retried on a new connection
+    return { path = doc and doc.path or o.path, position = sync.position(o.buf, o.row, o.col),
+             max_tokens = M.config.max_tokens, stream = M.config.stream }
+  end, function(msg) on_result(req, msg) end, {
+    on_partial = function(piece)
+      if st.req ~= req then return end
+      req.text = req.text .. piece
+      if still_at(o) then show(o, req.text, nil) end
+    end,
+  })
+  o.id = req.entry.id
 end
 
-local function notify(method, params)
-  connect()
-  local data = vim.json.encode({ jsonrpc = "2.0", method = method, params = params }) .. "\n"
-  if st.connected then st.pipe:write(data) else table.insert(st.outbox, data) end
-end
-
-local function doc_path(bufnr)
-  local path = vim.api.nvim_buf_get_name(bufnr)
-  if path == "" then path = "buffer-" .. bufnr end
-  return path
-end
-
-local function is_file(bufnr)
-  return vim.bo[bufnr].buftype == "" and vim.api.nvim_buf_get_name(bufnr) ~= ""
-end
-
-local function buf_text(bufnr)
-  return table.concat(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false), "\n")
-end
-
--- A file buffer was entered: open it in the daemon (which prefills it when idle).
-local function did_open()
+--- Ask for a completion at the cursor now. Returns the request id (nil: off in this buffer).
+function M.trigger()
   local bufnr = vim.api.nvim_get_current_buf()
-  if not is_file(bufnr) then return end
-  notify("didOpen", { path = doc_path(bufnr), text = buf_text(bufnr), root = vim.fn.getcwd() })
-  st.cursor_at[bufnr] = nil
+  if not M.is_enabled(bufnr) then return nil end
+  local doc = sync.ensure(bufnr)
+  if not doc then return nil end
+  cancel_request()
+  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+  local req = { text = "", origin = { buf = bufnr, row = row - 1, col = col, tick = vim.b[bufnr].changedtick,
+                                      path = doc.path } }
+  st.req = req
+  send_complete(req)
+  return req.entry.id
 end
 
--- The cursor settled on another line: sync the text, then ask the daemon to prefill there.
+-- -- accepting ------------------------------------------------------------------------------------
+--- The next word of `text`: leading blanks, then a run of word characters or of other characters.
+function M.next_word(text)
+  return text:match("^%s*[%w_\128-\255]+") or text:match("^%s*[^%w_\128-\255%s]+") or text
+end
+
+--- The next line of `text`: up to its first newline; a leading newline and the line after it.
+function M.next_line(text)
+  if text:sub(1, 1) == "\n" then return "\n" .. text:sub(2):match("^[^\n]*") end
+  return text:match("^[^\n]*")
+end
+
+-- Insert `part` of the ghost (all, next word or next line) at its place; the rest stays shown.
+local function accept(pick)
+  local g = st.ghost
+  if not g or not still_at(g) then return false end
+  local part = pick and pick(g.text) or g.text
+  local rest = g.text:sub(#part + 1)
+  local lines = vim.split(part, "\n", { plain = true })
+  vim.api.nvim_buf_clear_namespace(g.buf, ns, 0, -1)
+  st.ghost = nil
+  vim.api.nvim_buf_set_text(g.buf, g.row, g.col, g.row, g.col, lines)
+  local row = g.row + #lines - 1
+  local col = (#lines == 1) and (g.col + #part) or #lines[#lines]
+  vim.api.nvim_win_set_cursor(0, { row + 1, col })
+  g.taken = g.taken + sync.cp_len(part)
+  if rest ~= "" then
+    show({ buf = g.buf, row = row, col = col, tick = vim.b[g.buf].changedtick, id = g.id, path = g.path }, rest,
+      g.res, g)
+  else
+    report_accepted(g)
+  end
+  return true
+end
+
+function M.accept() return accept(nil) end
+function M.accept_word() return accept(M.next_word) end
+function M.accept_line() return accept(M.next_line) end
+
+function M.visible()
+  return st.ghost ~= nil
+end
+
+function M.suggestion()
+  return st.ghost and st.ghost.text
+end
+
+-- -- events ---------------------------------------------------------------------------------------
+local function on_text_changed(ev)
+  local g = st.ghost
+  if g and g.buf == vim.api.nvim_get_current_buf() and g.tick == vim.b[g.buf].changedtick then
+    return -- our own partial accept
+  end
+  M.dismiss()
+  cancel_request()
+  if not M.config.auto or ev.event == "TextChangedP" or not M.is_enabled() then return end
+  if st.timer then st.timer:stop() else st.timer = uv.new_timer() end
+  st.timer:start(M.config.debounce_ms, 0, vim.schedule_wrap(function()
+    if vim.api.nvim_get_mode().mode:sub(1, 1) == "i" and vim.fn.pumvisible() == 0 then M.trigger() end
+  end))
+end
+
+-- The cursor settled on another line: ask the daemon to prefill the plan anchored there.
 local function cursor_settled()
   local bufnr = vim.api.nvim_get_current_buf()
-  if not is_file(bufnr) then return end
+  if not M.is_enabled(bufnr) then return end
   local row, col = unpack(vim.api.nvim_win_get_cursor(0))
   if st.cursor_at[bufnr] == row then return end
   st.cursor_at[bufnr] = row
-  local line = vim.api.nvim_buf_get_lines(bufnr, row - 1, row, false)[1] or ""
-  local path = doc_path(bufnr)
-  notify("didChange", { path = path, contentChanges = { { text = buf_text(bufnr) } } })
-  notify("cursor", { path = path, position = { line = row - 1, character = vim.str_utfindex(line, col) } })
+  local doc = sync.ensure(bufnr)
+  if doc then rpc.notify("cursor", { path = doc.path, position = sync.position(bufnr, row - 1, col) }) end
 end
 
-local function schedule_cursor()
+local function on_cursor_moved()
+  if st.ghost and not cursor_at(st.ghost) then M.dismiss() end
+  if st.req and not cursor_at(st.req.origin) then cancel_request() end
   if M.config.cursor_debounce_ms <= 0 then return end
   if st.cursor_timer then st.cursor_timer:stop() else st.cursor_timer = uv.new_timer() end
   st.cursor_timer:start(M.config.cursor_debounce_ms, 0, vim.schedule_wrap(cursor_settled))
 end
 
-function M.dismiss()
-  vim.api.nvim_buf_clear_namespace(0, ns, 0, -1)
-  st.suggestion = nil
-end
-
-local function show(bufnr, row, col, text)
-  if text == nil or text == "" then return end
-  local lines = vim.split(text, "\n", { plain = true })
-  local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ""
-  local opts = { virt_text = { { lines[1], M.config.highlight } },
-                 virt_text_pos = (col >= #line) and "overlay" or "eol", hl_mode = "combine" }
-  if #lines > 1 then
-    opts.virt_lines = {}
-    for i = 2, #lines do table.insert(opts.virt_lines, { { lines[i], M.config.highlight } }) end
-  end
-  vim.api.nvim_buf_clear_namespace(bufnr, ns, 0, -1)
-  vim.api.nvim_buf_set_extmark(bufnr, ns, row, col, opts)
-  st.suggestion = { buf = bufnr, row = row, col = col, text = text, tick = vim.b[bufnr].changedtick }
-end
-
-function M.trigger()
-  local bufnr = vim.api.nvim_get_current_buf()
-  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
-  row = row - 1
-  local lines = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
-  local character = vim.str_utfindex(lines[row + 1] or "", col)
-  local tick = vim.b[bufnr].changedtick
-  local path = vim.api.nvim_buf_get_name(bufnr)
-  if path == "" then path = "buffer-" .. bufnr end
-  if st.current then send("cancel", { id = st.current }) end
-  local id
-  id = send("complete", {
-    path = path, text = table.concat(lines, "\n"), position = { line = row, character = character },
-    max_tokens = M.config.max_tokens,
-  }, function(msg)
-    if st.current == id then st.current = nil end
-    if msg.result == nil then return end
-    -- Show it only if nothing changed since the request.
-    local r, c = unpack(vim.api.nvim_win_get_cursor(0))
-    if vim.api.nvim_get_current_buf() == bufnr and vim.b[bufnr].changedtick == tick and r - 1 == row and c == col then
-      show(bufnr, row, col, msg.result.text)
-    end
-  end)
-  st.current = id
-  return id
-end
-
-function M.accept()
-  local s = st.suggestion
-  if not s or s.buf ~= vim.api.nvim_get_current_buf() or vim.b[s.buf].changedtick ~= s.tick then return false end
-  local lines = vim.split(s.text, "\n", { plain = true })
+local function on_leave()
   M.dismiss()
-  vim.api.nvim_buf_set_text(s.buf, s.row, s.col, s.row, s.col, lines)
-  local last = lines[#lines]
-  local row = s.row + #lines
-  local col = (#lines == 1) and (s.col + #last) or #last
-  vim.api.nvim_win_set_cursor(0, { row, col })
+  cancel_request()
+end
+
+-- A buffer was entered (or its filetype set): open it in the daemon, which prefills it when idle.
+local function on_enter(ev)
+  local bufnr = ev and ev.buf or vim.api.nvim_get_current_buf()
+  if bufnr ~= vim.api.nvim_get_current_buf() then return end
+  if M.is_enabled(bufnr) then
+    sync.ensure(bufnr)
+  else
+    sync.close(bufnr)
+  end
+  st.cursor_at[bufnr] = nil
+end
+
+--- Turn completions on (:EfimEnable); the current buffer is opened in the daemon.
+function M.enable()
+  st.enabled = true
+  on_enter()
+end
+
+--- Turn completions off (:EfimDisable): hide the ghost, stop syncing, close documents.
+function M.disable()
+  st.enabled = false
+  on_leave()
+  sync.close_all()
+end
+
+function M.toggle()
+  if st.enabled then M.disable() else M.enable() end
+  return st.enabled
+end
+
+-- -- keys -----------------------------------------------------------------------------------------
+-- What `key` did before the plugin mapped it (a user's mapping, else the built-in key).
+local function fallback(key)
+  local prior = st.prior[key]
+  local keys, mode = vim.api.nvim_replace_termcodes(key, true, false, true), "n"
+  if prior then
+    if prior.callback then
+      local r = prior.callback()
+      if prior.expr ~= 1 then return end
+      keys = vim.api.nvim_replace_termcodes(r or "", true, false, true)
+    elseif prior.expr == 1 then
+      keys = vim.api.nvim_eval(prior.rhs)
+    else
+      keys = vim.api.nvim_replace_termcodes(prior.rhs, true, false, true)
+    end
+    mode = prior.noremap == 1 and "n" or "m"
+  end
+  vim.api.nvim_feedkeys(keys, mode .. "i", false)
+end
+
+local function map(key, action, desc)
+  if not key or key == "" then return end
+  local m = vim.fn.maparg(key, "i", false, true)
+  if not (m.desc or ""):match("^efim: ") then -- remember the user's own mapping, not ours
+    st.prior[key] = (m.rhs or m.callback) and m.buffer ~= 1 and m or nil
+  end
+  vim.keymap.set("i", key, function()
+    if vim.fn.pumvisible() == 1 or not action() then fallback(key) end
+  end, { desc = "efim: " .. desc })
+end
+
+local function dismiss_if_visible()
+  if not st.ghost then return false end
+  M.dismiss()
   return true
 end
 
-function M.visible()
-  return st.suggestion ~= nil
-end
-
-function M.suggestion()
-  return st.suggestion and st.suggestion.text
-end
-
-local function schedule()
-  M.dismiss()
-  if st.timer then st.timer:stop() else st.timer = uv.new_timer() end
-  st.timer:start(M.config.debounce_ms, 0, vim.schedule_wrap(function()
-    if vim.api.nvim_get_mode().mode:sub(1, 1) == "i" then M.trigger() end
-  end))
-end
-
 function M.setup(opts)
-  M.config = vim.tbl_extend("force", M.config, opts or {})
+  M.config = vim.tbl_deep_extend("force", vim.deepcopy(defaults), opts or {})
+  if opts and opts.root_markers then M.config.root_markers = opts.root_markers end -- a list: not merged
+  sync.root_markers = M.config.root_markers
   local group = vim.api.nvim_create_augroup("efim", { clear = true })
-  if M.config.auto then
-    vim.api.nvim_create_autocmd({ "TextChangedI", "TextChangedP" }, { group = group, callback = schedule })
-  end
-  vim.api.nvim_create_autocmd({ "InsertLeave", "BufLeave" }, { group = group, callback = M.dismiss })
-  vim.api.nvim_create_autocmd("BufEnter", { group = group, callback = did_open })
-  vim.api.nvim_create_autocmd({ "CursorMoved", "CursorMovedI" }, { group = group, callback = schedule_cursor })
-  vim.api.nvim_create_autocmd("BufDelete", { group = group, callback = function(ev)
-    if is_file(ev.buf) then notify("didClose", { path = doc_path(ev.buf) }) end
-  end })
-  vim.keymap.set("i", M.config.accept_key, function()
-    if not M.accept() then
-      vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(M.config.accept_key, true, false, true), "n", false)
-    end
-  end, { desc = "efim: accept the completion" })
-  vim.keymap.set("i", M.config.dismiss_key, M.dismiss, { desc = "efim: dismiss the completion" })
+  local au = function(events, cb) vim.api.nvim_create_autocmd(events, { group = group, callback = cb }) end
+  au({ "TextChangedI", "TextChangedP" }, on_text_changed)
+  au({ "CursorMoved", "CursorMovedI" }, on_cursor_moved)
+  au("CompleteChanged", M.dismiss)
+  au({ "InsertLeave", "BufLeave" }, on_leave)
+  au({ "BufEnter", "FileType" }, on_enter)
+  au({ "BufDelete", "BufWipeout" }, function(ev) sync.close(ev.buf) end)
+  map(M.config.accept_key, M.accept, "accept the completion")
+  map(M.config.accept_word_key, M.accept_word, "accept the next word of the completion")
+  map(M.config.accept_line_key, M.accept_line, "accept the next line of the completion")
+  map(M.config.dismiss_key, dismiss_if_visible, "dismiss the completion")
+  on_enter()
+end
+
+--- Counters for tests and :checkhealth (requests, replies, partials, connects, failures, retries).
+function M.stats()
+  return vim.deepcopy(rpc.stats)
 end
 
 return M
