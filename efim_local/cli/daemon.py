@@ -43,6 +43,8 @@ def serve(sock, roots, queue_size, verbose, config_stdin, **model_kw):
     else:
         cfg = build_config(**model_kw)
     logs.setup(verbose, log_file)  # a log file is rotated; efim's own messages only (DEBUG with -v)
+    pid = paths.pid_file()
+    paths.check_private(pid)  # before the model loads: a planted link is refused at once
     server = Server(Path(sock) if sock else None, queue_size=queue_size)
     try:
         server.bind()
@@ -54,7 +56,6 @@ def serve(sock, roots, queue_size, verbose, config_stdin, **model_kw):
     logs.log.info("model %s, layout %s (%s)", engine.model.path, engine.default_layout, engine.layout_reason)
     for r in roots:
         server.watcher.watch(r, pin=True)
-    pid = paths.pid_file()
     paths.write_private(pid, f"{os.getpid()}\n")
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     logs.log.info("serving on %s (pid %d)", server.sock_path, os.getpid())

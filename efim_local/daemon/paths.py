@@ -39,13 +39,28 @@ def open_private(path: Path, flags: int) -> int:
         fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise ConfigError(f"cannot open {path}: {e.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+    try:
+        st = os.fstat(fd)
+        _ours(path, st)
+    except BaseException:
         os.close(fd)
-        raise ConfigError(f"{path} is not a regular file of yours; refusing to use it")
+        raise
     if st.st_mode & 0o077:
         os.fchmod(fd, 0o600)
     return fd
+
+
+def check_private(path: Path) -> None:
+    """Refuse early (one line) what ``open_private`` would refuse later: a link, another's file."""
+    try:
+        _ours(path, os.lstat(path))
+    except FileNotFoundError:
+        pass
+
+
+def _ours(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        raise ConfigError(f"{path} is not a regular file of yours (a symbolic link?); refusing to use it")
 
 
 def write_private(path: Path, text: str) -> None:

@@ -114,7 +114,7 @@ class Server:
         finally:
             os.umask(old)
         os.chmod(self.sock_path, 0o600)
-        self.sock.listen(16)
+        self.sock.listen(socket.SOMAXCONN)  # a burst of connections waits, not refused
 
     def attach(self, engine: Engine) -> None:
         """Give the server its engine (loaded after bind(), so a second daemon is refused fast)."""
