@@ -159,7 +159,9 @@ def test_busy_when_queue_full(daemon):
     assert P.BUSY in codes and codes.count(None) >= 4
 
 
-ATOMS = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=False),
+# Lone surrogates (valid JSON, not UTF-8) and NaN/Infinity (Python's JSON reads them) in every field.
+SURROGATES = st.sampled_from(["\ud800", "x\udfffy", "\udc80.py"])
+ATOMS = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(), SURROGATES,
                   st.text(max_size=20), st.sampled_from(["complete", "didOpen", "didChange", "status", "cancel", "x"]))
 JSONISH = st.recursive(ATOMS, lambda kids: st.one_of(st.lists(kids, max_size=4),
                                                       st.dictionaries(st.text(max_size=8), kids, max_size=4)), max_leaves=12)
@@ -167,9 +169,11 @@ KEYS = st.sampled_from(["path", "text", "offset", "position", "max_tokens", "tem
                         "contentChanges", "id", "line", "character", "range", "version"])
 PARAMS = st.dictionaries(KEYS, JSONISH, max_size=6)
 REQUESTS = st.fixed_dictionaries({"jsonrpc": st.sampled_from(["2.0", "2.0", "1.0", 2]),
-                                  "method": st.sampled_from(["complete", "didOpen", "didChange", "didClose", "cancel", "status", "nope", 5]),
+                                  "method": st.sampled_from(["complete", "didOpen", "didChange", "didClose", "cancel", "status", "nope", 5,
+                                                             "\ud800"]),
                                   "params": st.one_of(PARAMS, JSONISH)},
-                                 optional={"id": st.one_of(st.integers(-5, 10 ** 20), st.text(max_size=5), st.none(), st.lists(st.integers()))})
+                                 optional={"id": st.one_of(st.integers(-5, 10 ** 20), st.text(max_size=5), st.none(),
+                                                           st.lists(st.integers()), SURROGATES)})
 GARBAGE = st.one_of(
     st.binary(max_size=64).map(lambda b: b.replace(b"\n", b" ")),
     JSONISH.map(lambda v: json.dumps(v).encode()),
@@ -177,11 +181,12 @@ GARBAGE = st.one_of(
 )
 # Well-formed requests that reach the handlers and the engine, on two documents: the daemon must
 # answer each one that has an id exactly once (a result or an error: invalid range, busy, cancelled...).
-FZ_PATH = st.sampled_from(["fz1.py", "fz2.py"])
-FZ_TEXT = st.text("ab (\n\té", max_size=30)
+FZ_PATH = st.sampled_from(["fz1.py", "fz2.py", "fz1.py", "fz2.py", "fz\ud800.py", "fz\x00.py"])
+FZ_TEXT = st.one_of(st.text("ab (\n\té", max_size=30), st.text("ab\n\ud800", max_size=8))
 FZ_POS = st.fixed_dictionaries({"line": st.integers(0, 3), "character": st.integers(0, 6)})
 VALID = st.one_of(
-    st.tuples(st.just("didOpen"), st.fixed_dictionaries({"path": FZ_PATH, "text": FZ_TEXT, "version": st.integers(0, 9)})),
+    st.tuples(st.just("didOpen"), st.fixed_dictionaries({"path": FZ_PATH, "text": FZ_TEXT, "version": st.integers(0, 9)},
+                                                        optional={"root": st.sampled_from(["/tmp\x00x", "\ud800"])})),
     st.tuples(st.just("didChange"), st.fixed_dictionaries({"path": FZ_PATH, "contentChanges": st.lists(
         st.fixed_dictionaries({"range": st.fixed_dictionaries({"start": FZ_POS, "end": FZ_POS}), "text": FZ_TEXT}),
         max_size=2)})),
@@ -189,7 +194,8 @@ VALID = st.one_of(
     st.tuples(st.just("cursor"), st.fixed_dictionaries({"path": FZ_PATH, "position": FZ_POS})),
     st.tuples(st.just("complete"), FZ_TEXT.flatmap(lambda t: st.fixed_dictionaries({
         "path": FZ_PATH, "text": st.just(t), "offset": st.integers(0, len(t)), "max_tokens": st.integers(0, 2),
-        "layout": st.sampled_from(["efim", "fim"]), "stream": st.booleans()}))),
+        "layout": st.sampled_from(["efim", "fim"]), "stream": st.booleans(),
+        "temperature": st.sampled_from([0.0, 0.0, float("nan"), float("inf")])}))),
     st.tuples(st.just("complete"), st.fixed_dictionaries({"path": FZ_PATH, "position": FZ_POS,
                                                           "max_tokens": st.integers(0, 2)})),
     st.tuples(st.just("cancel"), st.fixed_dictionaries({"id": st.integers(0, 49).map(lambda k: f"valid-{k}")})),

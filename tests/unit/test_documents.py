@@ -208,3 +208,111 @@ def test_position_to_offset():
         D.position({"p": pos(4, 0)}, "p", text)
     with pytest.raises(InvalidParams, match="'p' is required"):
         D.position({}, "p", text)
+
+
+# -- issue 17: the UTF-8 limit, bad names, the line index, the lock, bounded reads ---------------------
+def test_the_document_limit_counts_utf8_bytes(docs, monkeypatch):
+    monkeypatch.setattr(D, "MAX_DOCUMENT_BYTES", 12)
+    opened(docs, "é" * 6)  # 12 bytes
+    with pytest.raises(InvalidParams, match="document larger than"):
+        opened(docs, "\U0001F600" * 4, "b.py")  # 4 code points, 16 bytes
+    with pytest.raises(InvalidParams, match="document larger than"):
+        change(docs, "a.py", {"range": rng(0, 0, 0, 0), "text": "e"})
+    assert docs.text("a.py") == "é" * 6
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"path": "a\ud800.py", "text": "x"}, "'path' contains a lone surrogate"),
+    ({"path": "a\0.py", "text": "x"}, "'path' contains a NUL"),
+    ({"path": "a.py", "text": "x\udfff"}, "lone surrogate at offset 1"),
+])
+def test_names_and_texts_that_cannot_be_encoded_are_refused(docs, params, message):
+    with pytest.raises(InvalidParams, match=message):
+        docs.open(params)
+    assert docs.files.get("a.py") is None
+
+
+EDITS = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 200), st.text("ab\n\r\U0001F600", max_size=6)),
+                 max_size=8)
+
+
+@given(text=st.text("ab\n\r\U0001F600", max_size=60), edits=EDITS)
+def test_a_batch_through_the_line_index_equals_edits_one_by_one(text, edits):
+    """apply_changes (one line index for the batch) == each edit located by offset_of on the text so far."""
+    expected, changes = text, []
+    for a, b, new in edits:
+        a, b = sorted((a % (len(expected) + 1), b % (len(expected) + 1)))
+        start, end = lsp_position(expected, a), lsp_position(expected, b)
+        try:  # a position inside a CRLF is not addressable; skip such edits
+            if D.offset_of(expected, **start) != a or D.offset_of(expected, **end) != b:
+                continue
+        except Exception:  # noqa: BLE001
+            continue
+        changes.append({"range": {"start": start, "end": end}, "text": new})
+        expected = expected[:a] + new + expected[b:]
+    assert D.apply_changes(text, changes) == expected
+
+
+def test_a_batch_of_changes_is_applied_outside_the_global_lock(docs, monkeypatch):
+    """While one document's edits are applied, other threads can take the engine's file lock."""
+    import threading
+
+    path = opened(docs, "x\n" * 10)
+    free = []
+    real = D.LineIndex.offset
+
+    def offset(self, line, character):
+        t = threading.Thread(target=lambda: free.append(docs.files.lock.acquire(timeout=2) and
+                                                        (docs.files.lock.release() or True)))
+        t.start()
+        t.join()
+        return real(self, line, character)
+
+    monkeypatch.setattr(D.LineIndex, "offset", offset)
+    change(docs, path, {"range": rng(5, 0, 5, 1), "text": "y"})
+    assert free and all(free) and docs.text(path).splitlines()[5] == "y"
+
+
+def test_the_work_of_one_did_change_is_bounded(docs, monkeypatch):
+    monkeypatch.setattr(D, "MAX_CHANGE_WORK", 100)
+    path = opened(docs, "x" * 40)
+    edit = {"range": rng(0, 0, 0, 1), "text": "y"}
+    change(docs, path, edit, edit)  # 80 code points copied
+    with pytest.raises(InvalidParams, match="too much text"):
+        change(docs, path, edit, edit, edit)
+    assert docs.files.get(path).version == 2  # the refused batch changed nothing
+
+
+def test_offset_of_far_lines_agrees_with_the_line_loop():
+    from efim_local.prompt import document
+
+    text = "ab\r\n" * 3000 + "tail"
+    for line, ch in [(0, 0), (1500, 2), (2999, 1), (3000, 4)]:
+        assert document.offset_of(text, line, ch) == 4 * line + ch
+    for line, ch in [(2999, 3), (3001, 0), (3000, 5)]:
+        with pytest.raises(document.DocumentError):
+            document.offset_of(text, line, ch)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "link", "dir", "big"])
+def test_read_source_reads_only_bounded_regular_files(tmp_path, kind, monkeypatch):
+    import os
+
+    from efim_local.errors import DocumentError
+    from efim_local.prompt import document
+
+    monkeypatch.setattr(document, "MAX_DOCUMENT_BYTES", 100)
+    (tmp_path / "real.py").write_text("x = 1\n")
+    path = {"fifo": tmp_path / "f", "device": "/dev/zero", "link": tmp_path / "l.py", "dir": tmp_path,
+            "big": tmp_path / "big.py"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it must not wait for a writer
+    elif kind == "link":
+        path.symlink_to(tmp_path / "real.py")
+        assert document.read_source(path) == "x = 1\n"  # followed when asked to
+    elif kind == "big":
+        path.write_text("x" * 101)
+    message = {"fifo": "not a regular file", "device": "not a regular file", "link": "is a symbolic link",
+               "dir": "is a directory", "big": "larger than"}[kind]
+    with pytest.raises(DocumentError, match=message):
+        document.read_source(path, follow=False)
