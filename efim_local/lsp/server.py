@@ -219,6 +219,7 @@ class EfimServer(LanguageServer):
 
     # -- completion -----------------------------------------------------------------------------
     async def inline_completion(self, params: t.InlineCompletionParams) -> t.InlineCompletionList | None:
+        received = time.perf_counter()
         uri = params.text_document.uri
         doc = self.docs.get(uri)
         if doc is None:
@@ -234,7 +235,6 @@ class EfimServer(LanguageServer):
             p["max_tokens"] = self.settings.max_tokens
         if self.settings.max_lines:
             p["max_lines"] = self.settings.max_lines
-        prev = self.inflight.get(uri)
         task = asyncio.current_task()
         self.inflight[uri] = task
         started = time.perf_counter()
@@ -249,9 +249,8 @@ class EfimServer(LanguageServer):
         finally:
             if self.inflight.get(uri) is task:
                 del self.inflight[uri]
-        del prev
-        latency = (time.perf_counter() - started) * 1000
-        self.status(result, latency)
+        answered = time.perf_counter()
+        self.status(result, (answered - received) * 1000, (answered - started) * 1000)
         text = result.get("text") or ""
         if not text:
             return t.InlineCompletionList(items=[])
@@ -266,9 +265,11 @@ class EfimServer(LanguageServer):
                               arguments=[{"uri": uri, "id": cid, "text": text}]))
         return t.InlineCompletionList(items=[item])
 
-    def status(self, result: dict, latency_ms: float) -> None:
+    def status(self, result: dict, latency_ms: float, daemon_rtt_ms: float) -> None:
+        """``latency_ms``: from the request's arrival here to its answer; ``daemon_rtt_ms``: the
+        daemon's round trip within it; ``daemon_ms``: the engine's own time."""
         self.protocol.notify(STATUS, {
-            "model": self.model, "latency_ms": round(latency_ms, 2),
+            "model": self.model, "latency_ms": round(latency_ms, 3), "daemon_rtt_ms": round(daemon_rtt_ms, 3),
             "daemon_ms": (result.get("timings") or {}).get("total_ms"),
             "cache_tier": result.get("cache_tier"), "tokens": result.get("tokens"),
             "stop_reason": result.get("stop_reason")})
