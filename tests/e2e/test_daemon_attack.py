@@ -203,3 +203,35 @@ def test_script_help():
     r = subprocess.run([sys.executable, "scripts/attack.py", "--help"], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert r.returncode == 0 and "slow_reader" in r.stdout
+
+
+def test_accept_loop_survives_running_out_of_file_descriptors(tmp_path, tiny_model):
+    """Item 2: an error of one accept (here EMFILE, with the daemon's descriptor limit lowered) is
+    logged and the loop goes on; once the clients are gone, the daemon serves again."""
+    import resource
+
+    d = Daemon(tmp_path, tiny_model).start()
+    try:
+        used = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+        resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (used + 12, used + 12))
+        socks = []
+        for _ in range(40):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(d.sock))
+            socks.append(s)
+        time.sleep(2)
+        assert d.proc.poll() is None
+        for s in socks:
+            s.close()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert A.small_complete(A.Target(d.sock, tmp=tmp_path)) < 20
+                break
+            except (A.Failed, OSError):
+                assert time.monotonic() < deadline, "the daemon does not serve after the descriptors came back"
+                time.sleep(0.5)
+        assert d.proc.poll() is None
+    finally:
+        d.stop()
+    assert b"Traceback" not in d.proc.stderr.read()
