@@ -141,6 +141,9 @@ class Nvim:
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert wait_for(self.listen.exists, 10)
         self.api = pynvim.attach("socket", path=str(self.listen))
+        # -u NONE: no filetype detection, no plugins; a user's configuration has both
+        self.api.command("filetype on")
+        self.api.command("runtime plugin/efim.lua")
 
     def lua(self, code, *args):
         return self.api.exec_lua(code, *args)
@@ -156,7 +159,7 @@ class Nvim:
                         ' {details = true})')
 
     def messages(self):
-        return self.api.exec("messages", True)
+        return self.api.api.exec("messages", True)
 
     def quit(self):
         try:
@@ -291,6 +294,8 @@ def test_popup_menu_keeps_tab_and_ctrl_e(nv, relay, tmp_path):
     nv.api.input("<C-e>")
     assert wait_for(lambda: nv.api.funcs.pumvisible() == 0)
     assert nv.api.current.line == "x = al"
+    nv.lua('require("efim").setup({ accept_key = "<C-y>" })')  # the user's <Tab> comes back
+    assert nv.api.funcs.maparg("<Tab>", "i").lower() == 'pumvisible() ? "\\<c-n>" : "\\<tab>"'
 
 
 def test_ctrl_e_stays_vims_and_dismiss_key(nv, relay, tmp_path):
@@ -316,9 +321,8 @@ def test_ctrl_e_stays_vims_and_dismiss_key(nv, relay, tmp_path):
     nv.api.input("<C-x><C-d>")
     assert wait_for(lambda: not nv.visible())
     assert nv.api.current.line == "abzc"
-    nv.api.input("<C-]>")  # no longer ours: Vim's own (expands abbreviations; inserts nothing here)
-    time.sleep(0.1)
-    assert nv.api.current.line == "abzc"
+    assert nv.api.funcs.maparg("<C-]>", "i") == ""  # no longer mapped
+    assert nv.api.funcs.maparg("<Tab>", "i") != ""
 
 
 def next_word(b: bytes) -> bytes:
@@ -384,3 +388,249 @@ def test_info_line_and_mid_line_position(nv, relay, tmp_path):
     info = chunks[-1][0]
     assert re.fullmatch(r"  efim \d+ ms, (\d+) evaluated, (slot|ram|disk|none)", info), info
     assert info.endswith(f"{reply['tokens']['evaluated']} evaluated, {reply['cache_tier']}")
+
+
+# -- the connection ----------------------------------------------------------------------------------
+def test_unreachable_daemon_warns_once_then_connects(start_nvim, daemon, tmp_path):
+    """No daemon: one warning in :messages, then quiet, and typing goes on; once a daemon listens
+    there the next keystroke gets a ghost (the file is opened on the new connection first)."""
+    sock = tmp_path / "later.sock"
+    nv = start_nvim(sock)
+    src = tmp_path / "u.py"
+    src.write_text("import os\n\n")
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
+    nv.api.command(f"edit {src}")
+    nv.api.current.window.cursor = (2, 0)
+    for ch in "x = os":
+        nv.api.input(("A" if ch == "x" else "") + ch)
+        time.sleep(0.1)
+    assert nv.api.current.line == "x = os" and not nv.visible()
+    assert wait_for(lambda: nv.lua('return require("efim").stats().failures') >= 3)
+    msgs = nv.messages()
+    assert msgs.count("efim: daemon not reachable") == 1 and str(sock) in msgs, msgs
+    assert "Error" not in msgs and "E5108" not in msgs, msgs
+
+    relay = Relay(sock, daemon.sock)
+    try:
+        since = typed(nv, relay, ".")
+        assert final_text(relay, nv, since)
+        assert [m["method"] for _, m in relay.sent][:2] == ["didOpen", "complete"]
+        assert relay.methods("didOpen")[0]["params"]["text"] == "import os\nx = os."
+    finally:
+        relay.close()
+
+
+def test_request_survives_a_broken_connection(nv, relay, tmp_path):
+    """The connection breaks under a completion request (a daemon restart): the request is sent
+    again on a fresh connection, after the document is opened there, and its ghost appears."""
+    src = tmp_path / "b.py"
+    src.write_text("import os\n\n")
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
+    nv.api.command(f"edit {src}")
+    assert wait_for(lambda: relay.methods("didOpen"))
+    relay.drop_method = "complete"
+    nv.api.current.window.cursor = (2, 0)
+    nv.api.input("Ax = os.")
+    assert final_text(relay, nv)
+    assert relay.connections == 2
+    assert [(n, m.get("method") or "dropped") for n, m in relay.sent if m.get("method") != "cursor"] == [
+        (1, "didOpen"), *[(1, "didChange")] * len([m for n, m in relay.sent if n == 1 and m.get("method") == "didChange"]),
+        (1, "dropped"), (2, "didOpen"), (2, "complete")]
+    assert nv.lua('return require("efim").stats().retries') == 1
+    assert "efim" not in nv.messages()
+
+
+def test_daemon_restart_loses_nothing(nv, relay, daemon, tmp_path):
+    """After `efim daemon restart` the first keystroke gets its ghost: the new daemon is told
+    about the file (didOpen with the current text) before the request."""
+    src = tmp_path / "d.py"
+    src.write_text("import os\n\n")
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
+    nv.api.command(f"edit {src}")
+    nv.api.current.window.cursor = (2, 0)
+    assert final_text(relay, nv, typed(nv, relay, "Ax"))
+    daemon.stop()
+    daemon.start()
+    assert final_text(relay, nv, typed(nv, relay, "y"))
+    second = [m for n, m in relay.sent if n == 2]
+    assert [m["method"] for m in second][:2] == ["didOpen", "complete"], second
+    assert second[0]["params"]["text"] == "import os\nxy"
+    assert "efim" not in nv.messages()
+
+
+def test_checkhealth(nv, relay, daemon, tmp_path):
+    nv.lua('require("efim").setup({})')
+    nv.api.command("checkhealth efim")
+    report = "\n".join(nv.api.current.buffer)
+    assert re.search(r"OK:? daemon reachable", report), report
+    assert "completions are on" in report
+    assert f"socket: {relay.path}" in report
+    with daemon.client() as c:
+        assert f"model: {c.call('status')['model']}" in report
+    assert "version: efim, version " in report
+    assert "ERROR" not in report and "Failed to run healthcheck" not in report, report
+
+    nv.api.command("tabclose")
+    nv.lua(f'require("efim").config.socket = "{tmp_path}/nothing.sock"; require("efim.rpc").close()')
+    nv.api.command("checkhealth efim")
+    report = "\n".join(nv.api.current.buffer)
+    assert re.search(r"ERROR:? daemon not reachable", report) and f"socket: {tmp_path}/nothing.sock" in report, report
+
+
+# -- on and off --------------------------------------------------------------------------------------
+def served(daemon):
+    with daemon.client() as c:
+        return c.call("status")["served"]
+
+
+def test_enable_disable_toggle(nv, relay, daemon, tmp_path):
+    src = tmp_path / "t.py"
+    src.write_text("import os\n\n")
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
+    nv.api.command(f"edit {src}")
+    nv.api.current.window.cursor = (2, 0)
+    assert final_text(relay, nv, typed(nv, relay, "Ax"))
+    nv.api.command("EfimDisable")
+    assert not nv.visible() and nv.lua('return require("efim").active()') is False
+    assert wait_for(lambda: relay.methods("didClose")) and relay.methods("didClose")[0]["params"]["path"] == str(src)
+    n, before = len(complete_requests(relay)), served(daemon)
+    nv.api.input("y")
+    time.sleep(0.3)  # well past the debounce
+    assert len(complete_requests(relay)) == n and served(daemon) == before and not nv.visible()
+    nv.api.input("<Esc>")
+    nv.api.command("EfimEnable")
+    assert wait_for(lambda: len(relay.methods("didOpen")) == 2)
+    assert relay.methods("didOpen")[1]["params"]["text"] == "import os\nxy"  # the edit made while off
+    assert final_text(relay, nv, typed(nv, relay, "Az"))
+    nv.api.input("<Esc>")
+    nv.api.command("EfimToggle")
+    assert nv.lua('return require("efim").active()') is False and "efim: completions off" in nv.messages()
+    nv.api.command("EfimToggle")
+    assert nv.lua('return require("efim").active()') is True
+
+
+def test_filetypes_and_unnamed_buffers(nv, relay, tmp_path):
+    """Off by default in Markdown, help and unnamed buffers (nothing sent, not even didOpen);
+    the filetypes table turns them on, or makes an allow-list."""
+    md, lua, py = tmp_path / "notes.md", tmp_path / "x.lua", tmp_path / "y.py"
+    for f in (md, lua, py):
+        f.write_text("x\n")
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
+
+    def quiet_after_typing(what):
+        nv.api.input("A words")
+        time.sleep(0.3)
+        nv.api.input("<Esc>")
+        assert not complete_requests(relay) and not relay.methods("didOpen") and not nv.visible(), what
+
+    nv.api.command(f"edit {md}")
+    quiet_after_typing("markdown")
+    nv.api.command("enew")
+    quiet_after_typing("unnamed")
+    nv.api.command("help help")
+    assert nv.lua('return require("efim").is_enabled()') is False
+    nv.api.command("only")
+
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4, filetypes = { markdown = true } })')
+    nv.api.command(f"edit {md}")
+    assert wait_for(lambda: [m["params"]["path"] for m in relay.methods("didOpen")] == [str(md)])
+    assert final_text(relay, nv, typed(nv, relay, "A more"))
+    nv.api.input("<Esc>")
+
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4, filetypes = { ["*"] = false, python = true } })')
+    nv.api.command(f"edit {lua}")
+    nv.api.command(f"edit {py}")
+    assert wait_for(lambda: [m["params"]["path"] for m in relay.methods("didOpen")] == [str(md), str(py)])
+    nv.api.command("let b:efim_enabled = 0")
+    assert nv.lua('return require("efim").is_enabled()') is False
+
+
+# -- the document sync ---------------------------------------------------------------------------------
+def test_incremental_sync_reproduces_the_buffer(nv, relay, daemon, tmp_path):
+    """didOpen with the workspace root (found from .git), then only ranged didChange messages;
+    replayed through the daemon's own Documents they give the buffer exactly, through edits that
+    add and remove lines at the start, middle and end, multi-byte characters, undo and reload."""
+    from efim_local.daemon.documents import Documents
+    from efim_local.engine.files import Files
+
+    proj = tmp_path / "proj"
+    (proj / ".git").mkdir(parents=True)
+    (proj / "pkg").mkdir()
+    src = proj / "pkg" / "m.py"
+    src.write_text("def f(x):\n    return x  # é\n\nprint(f(1))\n")
+    nv.lua('require("efim").setup({ debounce_ms = 1000, max_tokens = 2, cursor_debounce_ms = 0 })')
+    nv.api.command(f"edit {src}")
+    for keys in ["ggOimport sys<Esc>", "jA 😀 ü<Esc>", "jdd", "Go# end ß<Esc>", "ggJ", "u", "Gdd", "2Gx", "3GyyP",
+                 "ggVGd", "ia\nb\nc<Esc>", ":%s/b/é😀/<CR>", "Gox<BS>y<Esc>", "u"]:
+        nv.api.input(keys)
+        time.sleep(0.05)
+    nv.api.command("w")
+    src.write_text("reloaded\ntext é\n")
+    nv.api.command("edit!")
+    nv.api.input("Goz<Esc>")
+    buffer = "\n".join(nv.api.current.buffer)
+    assert buffer == "reloaded\ntext é\nz"
+
+    def replayed():
+        docs = Documents(Files())
+        for m in relay.sent:
+            msg = m[1]
+            if msg.get("method") == "didOpen":
+                docs.open(msg["params"])
+            elif msg.get("method") == "didChange":
+                docs.change(msg["params"])
+        return docs.text(str(src))
+
+    assert wait_for(lambda: replayed() == buffer), (replayed(), buffer)
+    opened = relay.methods("didOpen")  # (Neovim 0.7 detaches a buffer on :edit!: opened again)
+    assert [m["params"]["root"] for m in opened] == [str(proj)] * len(opened) and len(opened) <= 2
+    changes = [c for m in relay.methods("didChange") for c in m["params"]["contentChanges"]]
+    assert len(changes) > 14 and sum("range" not in c for c in changes) <= 1  # the reload at most
+    versions = [(m["method"], m["params"]["version"]) for _, m in relay.sent if m.get("method") in ("didOpen", "didChange")]
+    assert all(b[0] == "didOpen" or b[1] == a[1] + 1 for a, b in zip(versions, versions[1:])), versions
+    with daemon.client() as c:  # and the daemon holds the same text: the end is where it should be
+        end = c.call("cursor", {"path": str(src), "position": {"line": 2, "character": 1}})
+        assert end["offset"] == len(buffer)
+        with_text = c.call("complete", {"path": str(src), "text": buffer, "offset": 9, "max_tokens": 2})
+        synced = c.call("complete", {"path": str(src), "offset": 9, "max_tokens": 2})
+    assert synced["text"] == with_text["text"] and synced["tokens"]["prompt"] == with_text["tokens"]["prompt"]
+    assert watched_root(daemon, proj)
+
+
+def watched_root(daemon, root):
+    with daemon.client() as c:
+        return str(root) in c.call("status")["watching"]
+
+
+def test_entering_a_file_and_moving_the_cursor_prefill_it(nv, relay, daemon, tmp_path):
+    """didOpen on BufEnter and a cursor notification when the cursor settles: the first request on
+    that line finds its plan cached."""
+    src = tmp_path / "big.py"
+    src.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n\n" for i in range(100)))
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 2, cursor_debounce_ms = 50 })')
+    nv.api.command(f"edit {src}")
+    with daemon.client() as c:
+        assert wait_for(lambda: relay.methods("didOpen")), "the buffer was not opened in the daemon"
+        nv.api.current.window.cursor = (201, 4)
+        nv.api.command("doautocmd CursorMoved")  # headless Neovim fires no cursor events by itself
+        assert wait_for(lambda: relay.methods("cursor"))
+        assert relay.methods("cursor")[-1]["params"] == {"path": str(src), "position": {"line": 200, "character": 4}}
+        assert wait_for(lambda: c.call("status")["idle_tasks"] == 0 and any(
+            s["path"] == str(src) and s["tokens"] > 500 for s in c.call("status")["slots"]))
+        time.sleep(0.3)
+        assert wait_for(lambda: c.call("status")["idle_tasks"] == 0)
+        out = c.call("complete", {"path": str(src), "position": {"line": 200, "character": 4}, "max_tokens": 2})
+    assert out["reanchor"] is None and out["cache_tier"] == "slot" and out["tokens"]["evaluated"] <= 2, out
+
+
+def test_help_file_has_valid_tags(start_nvim, tmp_path):
+    """:helptags accepts doc/efim.txt (no duplicate tags) and :help finds an option and a command."""
+    doc = tmp_path / "rtp" / "doc"
+    doc.mkdir(parents=True)
+    shutil.copy(PLUGIN / "doc" / "efim.txt", doc)
+    nv = start_nvim(tmp_path / "none.sock")
+    nv.api.command(f"set rtp^={tmp_path / 'rtp'}")
+    nv.api.command(f"helptags {doc}")
+    for tag in ["efim", "efim-accept_word_key", ":EfimToggle", "efim-health"]:
+        nv.api.command(f"help {tag}")
+        assert nv.api.current.buffer.name == str(doc / "efim.txt"), tag

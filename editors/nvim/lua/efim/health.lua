@@ -26,7 +26,7 @@ function M.check()
   end
   local path = efim.socket_path()
   info("socket: " .. path)
-  info("completions are " .. (efim.is_enabled() and "on" or "off") .. " in this buffer")
+  info("completions are " .. (efim.active() and "on" or "off (:EfimEnable)"))
   local status, e = rpc.call_sync("status", nil, 3000)
   if not status then
     err("daemon not reachable: " .. tostring(e), { "start it: efim daemon start", "or set EFIM_SOCKET / the `socket` option" })

@@ -35,7 +35,8 @@ local defaults = {
 }
 M.config = vim.deepcopy(defaults)
 
-local st = { enabled = true, timer = nil, cursor_timer = nil, cursor_at = {}, req = nil, ghost = nil, prior = {} }
+local st = { enabled = true, timer = nil, cursor_timer = nil, cursor_at = {}, req = nil, ghost = nil, prior = {},
+             mapped = {} }
 local has_inline = vim.fn.has("nvim-0.10") == 1
 
 function M.socket_path()
@@ -305,6 +306,11 @@ function M.disable()
   sync.close_all()
 end
 
+--- Whether completions are on at all (:EfimEnable / :EfimDisable).
+function M.active()
+  return st.enabled
+end
+
 function M.toggle()
   if st.enabled then M.disable() else M.enable() end
   return st.enabled
@@ -333,12 +339,24 @@ end
 local function map(key, action, desc)
   if not key or key == "" then return end
   local m = vim.fn.maparg(key, "i", false, true)
-  if not (m.desc or ""):match("^efim: ") then -- remember the user's own mapping, not ours
-    st.prior[key] = (m.rhs or m.callback) and m.buffer ~= 1 and m or nil
-  end
+  st.prior[key] = (m.rhs or m.callback) and m.buffer ~= 1 and m or nil -- the user's mapping
   vim.keymap.set("i", key, function()
     if vim.fn.pumvisible() == 1 or not action() then fallback(key) end
   end, { desc = "efim: " .. desc })
+  st.mapped[#st.mapped + 1] = key
+end
+
+-- Remove the plugin's mappings and put back the ones they replaced.
+local function unmap_all()
+  for _, key in ipairs(st.mapped) do
+    pcall(vim.keymap.del, "i", key)
+    local p = st.prior[key]
+    if p then
+      vim.keymap.set("i", key, p.callback or p.rhs, { expr = p.expr == 1, remap = p.noremap ~= 1,
+                                                     silent = p.silent == 1, nowait = p.nowait == 1 })
+    end
+  end
+  st.mapped, st.prior = {}, {}
 end
 
 local function dismiss_if_visible()
@@ -359,6 +377,7 @@ function M.setup(opts)
   au({ "InsertLeave", "BufLeave" }, on_leave)
   au({ "BufEnter", "FileType" }, on_enter)
   au({ "BufDelete", "BufWipeout" }, function(ev) sync.close(ev.buf) end)
+  unmap_all()
   map(M.config.accept_key, M.accept, "accept the completion")
   map(M.config.accept_word_key, M.accept_word, "accept the next word of the completion")
   map(M.config.accept_line_key, M.accept_line, "accept the next line of the completion")
