@@ -507,6 +507,10 @@ def test_enable_disable_toggle(nv, relay, daemon, tmp_path):
     assert nv.lua('return require("efim").active()') is False and "efim: completions off" in nv.messages()
     nv.api.command("EfimToggle")
     assert nv.lua('return require("efim").active()') is True
+    assert wait_for(lambda: len(relay.methods("didOpen")) == 3)
+    n = len(relay.methods("didClose"))
+    nv.quit()  # Neovim closes its documents when it exits
+    assert wait_for(lambda: len(relay.methods("didClose")) == n + 1)
 
 
 def test_filetypes_and_unnamed_buffers(nv, relay, tmp_path):

@@ -377,6 +377,7 @@ function M.setup(opts)
   au({ "InsertLeave", "BufLeave" }, on_leave)
   au({ "BufEnter", "FileType" }, on_enter)
   au({ "BufDelete", "BufWipeout" }, function(ev) sync.close(ev.buf) end)
+  au("VimLeavePre", sync.close_all) -- the daemon holds at most 256 open documents
   unmap_all()
   map(M.config.accept_key, M.accept, "accept the completion")
   map(M.config.accept_word_key, M.accept_word, "accept the next word of the completion")

@@ -25,6 +25,12 @@ local function warn_unreachable(err)
     R.socket(), tostring(err)), vim.log.levels.WARN)
 end
 
+-- A handler's error is one line in :messages, not a stack trace in the user's face.
+local function run(fn, ...)
+  local ok, err = pcall(fn, ...)
+  if not ok then vim.notify("efim: " .. tostring(err):gsub("\n.*", ""), vim.log.levels.ERROR) end
+end
+
 local function on_message(line)
   local ok, msg = pcall(vim.json.decode, line)
   if not ok or type(msg) ~= "table" then return end
@@ -33,11 +39,11 @@ local function on_message(line)
     if not e then return end
     pending[msg.id] = nil
     R.stats.replies = R.stats.replies + 1
-    if e.handler then e.handler(msg) end
+    if e.handler then run(e.handler, msg) end
   elseif msg.method == "completion/partial" and type(msg.params) == "table" then
     local e = pending[msg.params.id]
     R.stats.partials = R.stats.partials + 1
-    if e and e.on_partial and type(msg.params.text) == "string" then e.on_partial(msg.params.text) end
+    if e and e.on_partial and type(msg.params.text) == "string" then run(e.on_partial, msg.params.text) end
   end
 end
 
@@ -67,7 +73,7 @@ local function lost(c, err)
       R.stats.retries = R.stats.retries + 1
       send_entry(e)
     elseif e.handler then
-      e.handler({ id = e.id, error = { code = -32000, message = "connection to the daemon lost" } })
+      run(e.handler, { id = e.id, error = { code = -32000, message = "connection to the daemon lost" } })
     end
   end
 end
