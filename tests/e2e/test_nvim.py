@@ -15,8 +15,10 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -135,7 +137,7 @@ class Nvim:
 
     def __init__(self, tmp, sock, cwd):
         self.listen = tmp / f"nvim-{time.monotonic_ns()}.sock"
-        env = dict(os.environ, EFIM_SOCKET=str(sock), PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")
+        env = dict(os.environ, EFIM_SOCKET=str(sock), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
         self.proc = subprocess.Popen(["nvim", "--headless", "-u", "NONE", "-i", "NONE", "--listen", str(self.listen),
                                       "--cmd", f"set rtp+={PLUGIN}"], env=env, cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
