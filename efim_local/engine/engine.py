@@ -18,7 +18,7 @@ from ..config import Config
 from ..errors import Cancelled
 from ..errors import InvalidParams
 from ..kv import StateStore, StoreConfig
-from ..kv.fingerprint import layout_key, layout_params, model_fingerprint
+from ..kv.fingerprint import layout_key, layout_params
 from ..llama import Batch, Context, Model, Sampler, SamplerParams
 from ..llama._lib import library_info
 from ..prompt import templates
@@ -83,9 +83,11 @@ class Engine:
                 import llama_cpp
 
                 params = layout_params(config.context, llama_cpp.__version__)
-                self.store = stack.enter_context(StateStore(
-                    store, model_fingerprint(model_path), layout_key(params), params, whole_state_only=self.swa))
-                if self.sparse is not None:
+                # A store that cannot be used (full disk, not a directory) is None, with one warning.
+                self.store = StateStore.open(store, model_path, layout_key(params), params, whole_state_only=self.swa)
+                if self.store is not None:
+                    stack.enter_context(self.store)
+                if self.store is not None and self.sparse is not None:
                     self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
                     if self.sparse.skew is not None:
                         frac = store.shrink_to

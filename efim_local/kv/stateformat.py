@@ -17,9 +17,13 @@ back is checked against limits and against the file's actual size.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import mmap
 import os
+import shutil
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +39,7 @@ _FULL = _HEAD.size + 32
 MAX_JSON = 4096
 MAX_TOKENS = 1 << 21
 MAX_PAYLOAD = 16 << 30
-
-
+HASH_CHUNK = 16 << 20  # checksum in chunks over a map of the file: no copy before it is verified
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,13 @@ def write(path: Path, tokens: np.ndarray, payload: bytes, model: bytes, layout: 
 
 
 def write_private(path: Path, *parts: bytes) -> int:
-    """Atomically write ``parts`` to an owner-only file: temp file, fsync, rename, dir fsync."""
+    """Atomically write ``parts`` to an owner-only file: temp file, fsync, rename, dir fsync.
+
+    The temp file is created with O_EXCL|O_NOFOLLOW: a planted file or symlink under its name
+    is removed, never written through."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    remove(tmp)  # ours from an interrupted save, or planted: never follow it
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             for part in parts:
@@ -84,12 +91,46 @@ def write_private(path: Path, *parts: bytes) -> int:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    dfd = os.open(path.parent, os.O_RDONLY)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
     return sum(len(p) for p in parts)
+
+
+def remove(path: Path) -> None:
+    """Delete whatever is at ``path`` (file, symlink, FIFO, or a directory planted there); never
+    follows a symlink. A missing path is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except (IsADirectoryError, PermissionError):  # Linux says EISDIR, others EPERM
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            raise
+
+
+def open_regular(path: Path, max_bytes: int | None = None, nonblock: bool = True):
+    """A binary file object for ``path`` if it is a regular file (a FIFO, device, directory or
+    symlink is refused without blocking: O_NOFOLLOW|O_NONBLOCK, then fstat), no larger than
+    ``max_bytes``. Raises StateFileError("corrupt") otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if nonblock else 0))
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise StateFileError("corrupt", "not a regular file") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise StateFileError("corrupt", "not a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        os.close(fd)
+        raise StateFileError("corrupt", f"file of {st.st_size} bytes is over its {max_bytes}-byte bound")
+    return os.fdopen(fd, "rb")
 
 
 def _read_header(f, size: int, model: bytes | None, layout: bytes | None) -> tuple[Header, bytes]:
@@ -117,9 +158,10 @@ def _read_header(f, size: int, model: bytes | None, layout: bytes | None) -> tup
     return Header(version, n_tokens, payload_len, fp, lay, raw[_HEAD.size:_FULL], params), raw[:_HEAD.size] + js
 
 
-def read_tokens(path: Path, model: bytes | None = None, layout: bytes | None = None) -> tuple[Header, np.ndarray]:
+def read_tokens(path: Path, model: bytes | None = None, layout: bytes | None = None,
+                max_bytes: int | None = None) -> tuple[Header, np.ndarray]:
     """Read the header and token list only (cheap: used to rank candidates)."""
-    with open(path, "rb") as f:
+    with open_regular(path, max_bytes) as f:
         head, _ = _read_header(f, os.fstat(f.fileno()).st_size, model, layout)
         toks = np.frombuffer(f.read(4 * head.n_tokens), dtype="<i4")
     if len(toks) != head.n_tokens:
@@ -127,20 +169,30 @@ def read_tokens(path: Path, model: bytes | None = None, layout: bytes | None = N
     return head, toks.astype(np.int32)
 
 
-def read(path: Path, model: bytes | None = None, layout: bytes | None = None) -> tuple[Header, np.ndarray, bytes]:
-    """Read and verify a whole state file; raises StateFileError with a reason."""
-    with open(path, "rb") as f:
-        head, prefix = _read_header(f, os.fstat(f.fileno()).st_size, model, layout)
-        toks = f.read(4 * head.n_tokens)
-        payload = f.read(head.payload_len)
-    if len(toks) != 4 * head.n_tokens or len(payload) != head.payload_len:
-        raise StateFileError("corrupt", "state file is truncated")
-    h = hashlib.sha256(prefix)
-    h.update(toks)
-    h.update(payload)
-    if h.digest() != head.checksum:
-        raise StateFileError("corrupt", "state file checksum mismatch")
-    return head, np.frombuffer(toks, dtype="<i4").astype(np.int32), payload
+def read(path: Path, model: bytes | None = None, layout: bytes | None = None,
+         max_bytes: int | None = None) -> tuple[Header, np.ndarray, bytes]:
+    """Read and verify a whole state file; raises StateFileError with a reason.
+
+    The checksum is verified over a read-only map of the file before anything is copied, so a
+    header that lies about its sizes (a sparse file of matching size) costs no memory."""
+    with open_regular(path, max_bytes) as f:
+        size = os.fstat(f.fileno()).st_size
+        head, prefix = _read_header(f, size, model, layout)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            start = _FULL + len(prefix) - _HEAD.size
+            n_tok = 4 * head.n_tokens
+            h = hashlib.sha256(prefix)
+            view = memoryview(m)
+            try:
+                for off in range(start, size, HASH_CHUNK):
+                    h.update(view[off:min(off + HASH_CHUNK, size)])
+                if h.digest() != head.checksum:
+                    raise StateFileError("corrupt", "state file checksum mismatch")
+                toks = np.frombuffer(view[start:start + n_tok], dtype="<i4").astype(np.int32)
+                payload = bytes(view[start + n_tok:size])
+            finally:
+                view.release()
+    return head, toks, payload
 
 
 def encoded_size(tokens: np.ndarray, payload: bytes, params: dict) -> int:

@@ -8,9 +8,11 @@ state enters a tier only after room was made for it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,9 +23,10 @@ import numpy as np
 from .events import MISS_REASONS, Event, counter_names
 from .prefix import common_prefix
 from . import kvblob, stateformat
-from .index import Index
+from .fingerprint import model_fingerprint
+from .index import Index, IndexCorrupt, valid_id
 from .tiers import MB, Tiers
-from ..errors import StateFileError
+from ..errors import StateFileError, StoreError, one_line
 
 log = logging.getLogger("efim.store")
 
@@ -82,6 +85,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _private_dir(d: Path) -> None:
+    """Create ``d`` owner-only; chmod it only when its mode is wrong (a read-only disk is the caller's
+    to handle: the OSError propagates)."""
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:
+        raise StoreError(f"{d} is not a directory") from None
+    st = d.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreError(f"{d} is not a directory")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(d, 0o700)
+
+
+_READONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def _tmp_owner(p: Path) -> int:
     """The pid in a temp file name ``<id>.kv.<pid>.tmp``."""
     try:
@@ -105,15 +125,105 @@ class StateStore(Tiers):
     def __post_init__(self):
         self.dir = Path(self.cfg.dir)
         self.files = self.dir / "states"
-        for d in (self.dir, self.files):
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(d, 0o700)
-        self.index = Index(self.dir / "index.db")
+        self.readonly = False  # a read-only disk: restore what is saved, save nothing
+        self.bad: set[str] = set()  # states found unusable that could not be deleted (read-only)
+        self._warned: set = set()
+        try:
+            for d in (self.dir, self.files):
+                _private_dir(d)
+        except OSError as e:
+            if e.errno not in _READONLY or not self.files.is_dir():
+                raise StoreError(f"state store {self.dir}: {e.strerror or e}") from None
+            self.readonly = True
+        self.readonly = self.readonly or not os.access(self.files, os.W_OK)
+        self.index = self._open_index()
         self._model_hex, self._layout_hex = self.model.hex(), self.layout.hex()
+        if self.readonly:
+            log.warning("state store %s is read-only: restoring saved states, saving none", self.dir)
+            return
         self._drop_stale_ram_rows()
         for tmp in self.files.glob("*.tmp"):
             if not _alive(_tmp_owner(tmp)):
-                tmp.unlink(missing_ok=True)  # a save that was interrupted
+                stateformat.remove(tmp)  # a save that was interrupted
+
+    @classmethod
+    def open(cls, cfg: StoreConfig, model_path: str | Path, *args, **kw) -> "StateStore | None":
+        """The store for the model at ``model_path`` (its fingerprint is cached in the store), or None
+        with one warning when the directory or index cannot be used at all (a full disk, a path that is
+        not a directory): efim then serves without saved states."""
+        try:
+            try:
+                Path(cfg.dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError:
+                pass  # a read-only or odd directory: the store's own checks say what to do
+            fp = model_fingerprint(model_path, Path(cfg.dir) if Path(cfg.dir).is_dir() else None)
+            return cls(cfg, fp, *args, **kw)
+        except (StoreError, OSError) as e:
+            log.warning("state store %s is unusable (%s): serving without saved states", cfg.dir, one_line(str(e)))
+            return None
+
+    def _open_index(self) -> Index:
+        """The index; a corrupt or foreign one is set aside and rebuilt from the state files."""
+        path = self.dir / "index.db"
+        try:
+            return Index(path, readonly=self.readonly)
+        except IndexCorrupt as e:
+            if self.readonly:
+                raise
+            log.warning("%s; rebuilding it from the state files", one_line(str(e)))
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            stateformat.remove(path.with_name(path.name + suffix))
+        index = Index(path)
+        self._rebuild(index)
+        return index
+
+    def _rebuild(self, index: Index) -> int:
+        """Add a row for every readable state file (any model: the header names it); drop the rest.
+        Paths and hit counts are not in the files, so they start empty."""
+        n = 0
+        for p in self.files.glob("*.kv"):
+            sid = p.name[:-3]
+            try:
+                if not valid_id(sid):
+                    raise StateFileError("corrupt", "not a state file name")
+                head, toks = stateformat.read_tokens(p, max_bytes=self._max_file_bytes())
+                with stateformat.open_regular(p) as f:  # a shrunk state holds fewer cells than tokens
+                    f.seek(p.stat().st_size - head.payload_len)
+                    cells = int.from_bytes(f.read(4), "little")
+            except (StateFileError, OSError) as e:
+                log.warning("dropping state file %s: %s", p.name, e)
+                stateformat.remove(p)
+                stateformat.remove(p.with_suffix(".pk"))
+                continue
+            st = p.stat()
+            index.add({"id": sid, "path": "", "content_hash": "", "model": head.model.hex(),
+                       "layout": head.layout.hex(), "n_tokens": len(toks), "bytes": st.st_size, "tier": "disk",
+                       "created": st.st_mtime, "last_used": st.st_mtime, "hits": 0, "owner": 0,
+                       "kept": 1.0 if cells >= len(toks) else cells / max(1, len(toks))}, toks)
+            n += 1
+        log.warning("state index rebuilt: %d states", n)
+        return n
+
+    def _max_file_bytes(self) -> int:
+        """No state file is larger than the disk budget (a bigger one was never written by us)."""
+        return int(self.cfg.disk_mb * MB) + (64 << 20)
+
+    def _try(self, what: str, fn, *args):
+        """Run a store write. A full or read-only disk or a failing index costs the save, never the
+        request: one warning per kind of failure, then None."""
+        if self.readonly:
+            return None
+        try:
+            return fn(*args)
+        except (OSError, StoreError) as e:
+            if isinstance(e, StateFileError):
+                raise
+            key = (what, getattr(e, "errno", None) or type(e).__name__)
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("state store %s: %s failed (%s); serving on without it", self.dir, what,
+                            one_line(str(e)))
+            return None
 
     def close(self) -> None:
         self.flush_counts()
@@ -144,26 +254,27 @@ class StateStore(Tiers):
 
     def partial_of(self, state_id: str) -> Path:
         """The partial-keys sidecar beside a state file (InfiniGen)."""
-        return self.files / f"{state_id}.pk"
+        return self.file_of(state_id).with_suffix(".pk")
 
     def _unlink(self, state_id: str) -> None:
-        self.file_of(state_id).unlink(missing_ok=True)
-        self.partial_of(state_id).unlink(missing_ok=True)
+        if valid_id(state_id):  # an id that is not a hash names no file of ours (`../../victim`)
+            stateformat.remove(self.file_of(state_id))
+            stateformat.remove(self.partial_of(state_id))
 
     def load_partial(self, state_id: str, max_bytes: int = 1 << 30) -> bytes | None:
         """The state's saved partial keys, or None (the caller computes them)."""
         e = self.ram.get(state_id)
         if e is not None:
             return e.partial
-        p = self.partial_of(state_id)
         try:
-            if p.stat().st_size > max_bytes:
-                return None
-            return p.read_bytes()
-        except OSError:
+            with stateformat.open_regular(self.partial_of(state_id), max_bytes) as f:
+                return f.read(max_bytes + 1)
+        except (StateFileError, OSError):
             return None
 
     def file_of(self, state_id: str) -> Path:
+        if not valid_id(state_id):
+            raise StateFileError("corrupt", f"invalid state id {state_id[:40]!r}")
         return self.files / f"{state_id}.kv"
 
     def state_id(self, tokens: np.ndarray) -> str:
@@ -176,10 +287,22 @@ class StateStore(Tiers):
                shrunk: bool = False) -> Lookup:
         """The saved state sharing the longest usable token prefix with ``tokens``
         (shrunk, approximate states too when ``shrunk``). ``content_hash()`` gives the document's
-        content hash, asked for only on a miss (to tell ``tokenization_differs``)."""
+        content hash, asked for only on a miss (to tell ``tokenization_differs``). A failing index is
+        a miss, with one warning."""
+        try:
+            return self._lookup(tokens, path, content_hash, shrunk)
+        except StoreError as e:
+            if ("lookup", "index") not in self._warned:
+                self._warned.add(("lookup", "index"))
+                log.warning("state store %s: lookup failed (%s)", self.dir, one_line(str(e)))
+            return Lookup(None, "no_state")
+
+    def _lookup(self, tokens, path, content_hash, shrunk) -> Lookup:
         best: Match | None = None
         saw_corrupt = False
         for row, _ in self.index.candidates(tokens, self._model_hex, self._layout_hex, shrunk=shrunk):
+            if row["id"] in self.bad:
+                continue
             st = self._tokens_of(row)
             if st is None:
                 saw_corrupt = True
@@ -211,10 +334,11 @@ class StateStore(Tiers):
         if e is not None:
             return e.tokens
         if row["tier"] != "disk":
-            self.index.remove(row["id"])
+            self._try("index update", self.index.remove, row["id"])
             return None
         try:
-            _, toks = stateformat.read_tokens(self.file_of(row["id"]), self.model, self.layout)
+            _, toks = stateformat.read_tokens(self.file_of(row["id"]), self.model, self.layout,
+                                              self._max_file_bytes())
             return toks
         except (StateFileError, OSError) as e:
             self._drop_bad(row["id"], e)
@@ -228,14 +352,15 @@ class StateStore(Tiers):
             e.last_used, e.hits = time.time(), e.hits + 1
         else:
             try:
-                _, toks, payload = stateformat.read(self.file_of(match.id), self.model, self.layout)
+                _, toks, payload = stateformat.read(self.file_of(match.id), self.model, self.layout,
+                                                    self._max_file_bytes())
             except (StateFileError, OSError) as err:
                 self._drop_bad(match.id, err)
                 return None
         if not np.array_equal(toks, match.tokens):
             self._drop_bad(match.id, StateFileError("corrupt", "state changed under us"))
             return None
-        self.index.touch(match.id)
+        self._try("index update", self.index.touch, match.id)
         if n_tokens < len(toks):
             if self.whole_state_only:
                 return None
@@ -250,16 +375,21 @@ class StateStore(Tiers):
         log.warning("dropping state %s: %s", state_id[:12], err)
         self.counts["dropped_" + getattr(err, "reason", "corrupt")] += 1
         self.ram.pop(state_id, None)
-        self._unlink(state_id)
-        self.index.remove(state_id)
+        self.bad.add(state_id)  # never tried again, even where it cannot be deleted (a read-only disk)
+        self._try("drop", self._unlink, state_id)
+        self._try("index update", self.index.remove, state_id)
 
     # -- saving ---------------------------------------------------------------
     def put(self, tokens: np.ndarray, payload: bytes, path: str, content_hash: str = "",
             partial: bytes | None = None) -> str | None:
         """Add a state to the RAM tier (spilling others down); replaces older states of ``path``.
-        ``partial``: its InfiniGen partial keys, saved beside it."""
+        ``partial``: its InfiniGen partial keys, saved beside it. A full or read-only disk skips the
+        save (one warning) and returns None."""
         if len(tokens) < self.cfg.min_tokens:
             return None
+        return self._try("save", self._put, tokens, payload, path, content_hash, partial)
+
+    def _put(self, tokens, payload, path, content_hash, partial) -> str:
         sid = self.state_id(tokens)
         row = self.index.get(sid)
         if row is not None and row["kept"] >= 1 and (sid in self.ram or self.file_of(sid).exists()):
@@ -309,35 +439,41 @@ class StateStore(Tiers):
     # -- maintenance ----------------------------------------------------------
     def gc(self) -> dict:
         """Reconcile index and files in both directions, then enforce the budgets."""
+        if self.readonly:
+            raise StoreError(f"state store {self.dir} is read-only")
         rows = {r["id"]: r for r in self.index.rows()}
-        files = {p.stem: p for p in self.files.glob("*.kv")}
+        # Only regular files are state files: a directory, FIFO or symlink under such a name is removed.
+        regular = lambda p: stat.S_ISREG(p.lstat().st_mode)
+        files = {p.stem: p for p in self.files.glob("*.kv") if regular(p)}
         out = Counter()
         for sid, r in rows.items():
-            if r["tier"] == "disk" and sid not in files:
+            if not valid_id(sid) or (r["tier"] == "disk" and sid not in files):
                 self.index.remove(sid)
                 out["rows_without_file"] += 1
         out["stale_ram_rows"] = self._drop_stale_ram_rows()
-        for sid, p in files.items():
-            r = rows.get(sid)
-            if r is None or r["tier"] != "disk":
-                p.unlink(missing_ok=True)
+        for p in self.files.glob("*.kv"):
+            r = rows.get(p.stem)
+            if r is None or r["tier"] != "disk" or not regular(p):
+                stateformat.remove(p)
                 out["files_without_row"] += 1
         for p in self.files.glob("*.pk"):
-            if p.stem not in files or p.stem not in rows:
-                p.unlink(missing_ok=True)
+            if p.stem not in files or p.stem not in rows or not regular(p):
+                stateformat.remove(p)
                 out["files_without_row"] += 1
         for p in self.files.glob("*.tmp"):
             if not _alive(_tmp_owner(p)):
-                p.unlink(missing_ok=True)
+                stateformat.remove(p)
                 out["temp_files"] += 1
         self._make_room_disk(0)
         self._make_room_ram(0)
         return {k: out[k] for k in ("rows_without_file", "files_without_row", "stale_ram_rows", "temp_files")}
 
     def clear(self) -> None:
+        if self.readonly:
+            raise StoreError(f"state store {self.dir} is read-only")
         self.ram.clear()
         for p in self.files.iterdir():
-            p.unlink(missing_ok=True)
+            stateformat.remove(p)
         self.index.clear()
 
     @classmethod
@@ -351,8 +487,11 @@ class StateStore(Tiers):
             self.counts[name] += 1
 
     def flush_counts(self) -> None:
-        self.index.bump(dict(self.counts))
-        self.counts.clear()
+        """Write the counts to the index (kept in memory while the disk refuses)."""
+        counts = dict(self.counts)
+        if counts and self._try("counter update", lambda: self.index.bump(counts) or True):
+            self.counts.subtract(counts)
+            self.counts = +self.counts
 
     def stats(self) -> dict:
         self.flush_counts()
@@ -362,7 +501,7 @@ class StateStore(Tiers):
                  for t in ("ram", "disk")}
         tiers["ram"]["budget_bytes"] = int(self.cfg.ram_mb * MB)
         tiers["disk"]["budget_bytes"] = int(self.cfg.disk_mb * MB)
-        c = self.index.counters()
+        c = Counter(self.index.counters()) + self.counts  # what a refusing disk kept in memory
         return {
             "dir": str(self.dir), "tiers": tiers,
             "hits": {t: c.get(f"hit_{t}", 0) for t in ("slot", "ram", "disk")},

@@ -89,10 +89,10 @@ class Tiers:
         return True
 
     def spill(self) -> int:
-        """Write every RAM state to disk (before the process exits). Returns how many."""
+        """Write every RAM state to disk (before the process exits). Returns how many were written
+        (a full or read-only disk writes none, with one warning)."""
         n = 0
         for e in list(self.ram.values()):
             del self.ram[e.id]
-            self._write_disk(e)
-            n += 1
+            n += self._try("save", lambda e: self._write_disk(e) or 1, e) or 0
         return n

@@ -123,11 +123,11 @@ CHILD = textwrap.dedent("""
     def hang(*a, **k):
         print("SAVING", flush=True)
         time.sleep(60)
-    if where == "fsync":
+    e = Engine(small_config(), model, store=StoreConfig(d, ram_mb=0, disk_mb=64, min_tokens=16))
+    if where == "fsync":  # (patched after the start: opening the store caches the model fingerprint)
         os.fsync = hang  # killed after writing the temp file, before the rename
     else:
         index.Index.add = hang  # killed after the rename, before the index row
-    e = Engine(small_config(), model, store=StoreConfig(d, ram_mb=0, disk_mb=64, min_tokens=16))
     e.complete(CompletionRequest(SOURCES[3][:2000], 1000, path="k.py", max_tokens=4))
     e.flush()
 """)
