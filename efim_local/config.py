@@ -1,4 +1,9 @@
-"""Configuration: dataclasses, a TOML file, environment variables."""
+"""Configuration: dataclasses, a TOML file, environment variables.
+
+Every value is checked when a Config is built (``__post_init__``), so a wrong type, a negative or
+NaN budget or an unknown key is one line and exit 2 at load time, never a traceback after an
+answer. Booleans must be TOML booleans: ``store = "no"`` is an error, not a truthy string.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,49 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, InvalidParams
+
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}  # names → ggml_type
+
+
+def _rule(kind: type, lo: float | None = None, hi: float | None = None, choices=None) -> dict:
+    return {"kind": kind, "lo": lo, "hi": hi, "choices": choices}
+
+
+# What each setting may hold (the request's own checker applies them: engine/request.py ``check``).
+RULES = {
+    "n_ctx_seq": _rule(int, 64, 1 << 20), "n_slots": _rule(int, 1, 256), "n_batch": _rule(int, 1, 1 << 16),
+    "n_threads": _rule(int, 0, 1024), "n_threads_batch": _rule(int, 0, 1024),
+    "type_k": _rule(str, choices=tuple(KV_TYPES)), "type_v": _rule(str, choices=tuple(KV_TYPES)),
+    "flash_attn": _rule(bool), "offload_kqv": _rule(bool), "swa_full": _rule(bool), "kv_unified": _rule(bool),
+    "model": _rule(str), "layout": _rule(str, choices=("efim", "fim")), "fim_family": _rule(str),
+    "fim_template": _rule(str), "fim_order": _rule(str, choices=("psm", "spm")),
+    "max_tokens": _rule(int, 0, 4096), "max_middle_tokens": _rule(int, 1, 1 << 20),
+    "max_prompt_ms": _rule(float, 0, 600_000), "idle_chunk_tokens": _rule(int, 1, 1 << 16),
+    "idle_chunk_ms": _rule(float, 1, 60_000), "n_gpu_layers": _rule(int, 0, 100_000), "main_gpu": _rule(int, 0, 1024),
+    "store": _rule(bool), "state_dir": _rule(str), "ram_mb": _rule(float, 0, 1 << 24),
+    "disk_mb": _rule(float, 0, 1 << 30), "min_state_tokens": _rule(int, 0, 1 << 21),
+    "sparse_budget": _rule(float, 0, 1), "sparse_min_tokens": _rule(int, 0, 1 << 21),
+    "sparse_alpha": _rule(float, 0, 1000), "sparse_shrink_to": _rule(float, 0, 1),
+}
+
+
+def _validate(obj) -> None:
+    """Check every field of a config dataclass against RULES; ints given for floats become floats."""
+    from .engine.request import check
+
+    for f in fields(obj):
+        v, rule = getattr(obj, f.name), RULES.get(f.name)
+        if rule is None or (v is None and f.default is None):
+            continue
+        try:
+            v2 = check(f.name, v, rule)
+        except InvalidParams as e:
+            raise ConfigError(f"{str(e).removeprefix('invalid params: ')}, not {v!r}") from None
+        if isinstance(v2, str) and "\0" in v2:
+            raise ConfigError(f"{f.name!r} must not contain a NUL character")
+        if type(v2) is not type(v):
+            object.__setattr__(obj, f.name, v2)
 
 
 def config_home() -> Path:
@@ -35,6 +82,9 @@ class ContextParams:
     offload_kqv: bool = True
     swa_full: bool = True  # keeps sliding-window models truncatable at any position
     kv_unified: bool = False  # False: one KV stream per slot, so attention never scans other slots' cells
+
+    def __post_init__(self):
+        _validate(self)
 
 
 @dataclass(frozen=True)
@@ -69,6 +119,11 @@ class Config:
     sparse_min_tokens: int = 4096
     sparse_alpha: float = 4.0
     sparse_shrink_to: float = 0.0  # disk pressure: shrink long states to this fraction before evicting
+
+    def __post_init__(self):
+        if not isinstance(self.context, ContextParams):
+            raise ConfigError("'context' must be a table of context settings")
+        _validate(self)
 
     def store_config(self):
         """The StoreConfig for this configuration, or None when the store is off."""
@@ -108,18 +163,26 @@ class Config:
 
 
 def load(path: str | Path | None = None) -> Config:
-    """Read config.toml (``EFIM_CONFIG`` or the XDG default), then ``EFIM_MODEL``."""
-    path = Path(path or os.environ.get("EFIM_CONFIG") or config_home() / "config.toml")
+    """Read config.toml (``path``, ``EFIM_CONFIG`` or the XDG default), then ``EFIM_MODEL``.
+
+    Only the XDG default may be missing; a file named by ``path`` or ``EFIM_CONFIG`` must exist."""
+    named = path or os.environ.get("EFIM_CONFIG")
+    where = "EFIM_CONFIG=" if not path and named else ""
+    path = Path(named or config_home() / "config.toml")
     cfg = Config()
+    if named and not path.is_file():
+        raise ConfigError(f"{where}{path}: " + ("not a file" if path.exists() else "no such file"))
     if path.is_file():
         try:
             data = tomllib.loads(path.read_text("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
             raise ConfigError(f"{path}: {e}") from None
-        flat = dict(data.pop("context", {}), **data)
+        ctx = data.pop("context", {})
+        if not isinstance(ctx, dict):
+            raise ConfigError(f"{path}: 'context' must be a table ([context])")
         try:
-            cfg = cfg.with_overrides(**flat)
-        except TypeError as e:
+            cfg = cfg.with_overrides(**ctx, **data)
+        except (ConfigError, TypeError) as e:
             raise ConfigError(f"{path}: {e}") from None
     if os.environ.get("EFIM_MODEL"):
         cfg = replace(cfg, model=os.environ["EFIM_MODEL"])

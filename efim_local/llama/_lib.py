@@ -7,7 +7,15 @@ import logging
 import os
 import threading
 
-import llama_cpp as lib
+from ..errors import BackendError, ConfigError, one_line
+
+try:
+    import llama_cpp as lib
+except (OSError, RuntimeError) as _e:  # a missing or broken libllama: one line, never a traceback
+    if os.environ.get("LLAMA_CPP_LIB_PATH"):
+        raise ConfigError(one_line(f"LLAMA_CPP_LIB_PATH={os.environ['LLAMA_CPP_LIB_PATH']}: "
+                                   f"cannot load llama.cpp: {_e}")) from None
+    raise BackendError(one_line(f"cannot load llama.cpp: {_e}")) from None
 
 log = logging.getLogger("efim.llama")
 log.setLevel(logging.ERROR)  # llama.cpp is chatty; lower this to debug it

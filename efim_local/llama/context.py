@@ -11,10 +11,9 @@ from ._lib import lib
 from .batch import Batch
 from .errors import BackendError, DecodeError, NoKvSlot
 from .model import Model
-from ..config import ContextParams
+from ..config import KV_TYPES, ContextParams
 
 # ggml types accepted for the KV cache, by name.
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
 
 
 def default_threads() -> int:
