@@ -283,6 +283,7 @@ def test_ghost_streams_in_and_accept_inserts(nv, relay, tmp_path):
     assert not nv.visible()
     acc = wait_for(lambda: relay.methods("accepted"))
     assert acc[-1]["params"] == {"path": str(src), "id": str(rid), "text": text, "accepted": len(text)}
+    assert not re.search(r"deprecated|Error|E\d+:", nv.messages()), nv.messages()
 
 
 @every_neovim
@@ -494,6 +495,25 @@ def test_daemon_restart_loses_nothing(nv, relay, daemon, tmp_path):
     assert [m["method"] for m in second][:2] == ["didOpen", "complete"], second
     assert second[0]["params"]["text"] == "import os\nxy"
     assert "efim" not in nv.messages()
+
+
+def test_document_closed_by_another_editor_is_opened_again(nv, relay, daemon, tmp_path):
+    """Another editor closes the same file in the daemon (documents are per path): the next
+    completion is answered "document not open", so the plugin opens it again and asks once more."""
+    src = tmp_path / "o.py"
+    src.write_text("import os\n\n")
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
+    nv.api.command(f"edit {src}")
+    nv.api.current.window.cursor = (2, 0)
+    assert final_text(relay, nv, typed(nv, relay, "Ax"))
+    with daemon.client() as c:
+        c.call("didClose", {"path": str(src)})
+    assert final_text(relay, nv, typed(nv, relay, "y"))
+    errors = [m for _, m in relay.received if "error" in m]
+    assert [e["error"]["message"] for e in errors] == [f"invalid params: document not open: {src}"]
+    tail = [m["method"] for _, m in relay.sent if m.get("method") in ("didOpen", "complete")][-3:]
+    assert tail == ["complete", "didOpen", "complete"]
+    assert relay.methods("didOpen")[-1]["params"]["text"] == "import os\nxy"
 
 
 @every_neovim

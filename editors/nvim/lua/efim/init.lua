@@ -157,6 +157,7 @@ local function on_result(req, msg)
   end
   local res = msg.result
   if type(res) ~= "table" then return end
+  req.origin.id = req.entry.id -- (a retry has a new id)
   if still_at(req.origin) and res.text ~= "" then
     show(req.origin, res.text, res)
   elseif st.ghost and st.ghost.id == req.origin.id then
@@ -171,8 +172,9 @@ send_complete = function(req)
     return { path = doc and doc.path or o.path, position = sync.position(o.buf, o.row, o.col),
              max_tokens = M.config.max_tokens, stream = M.config.stream }
   end, function(msg) on_result(req, msg) end, {
-    on_partial = function(piece)
+    on_partial = function(piece, id)
       if st.req ~= req then return end
+      if req.stream_id ~= id then req.text, req.stream_id, o.id = "", id, id end -- a retry starts over
       req.text = req.text .. piece
       if still_at(o) then show(o, req.text, nil) end
     end,

@@ -43,7 +43,7 @@ local function on_message(line)
   elseif msg.method == "completion/partial" and type(msg.params) == "table" then
     local e = pending[msg.params.id]
     R.stats.partials = R.stats.partials + 1
-    if e and e.on_partial and type(msg.params.text) == "string" then run(e.on_partial, msg.params.text) end
+    if e and e.on_partial and type(msg.params.text) == "string" then run(e.on_partial, msg.params.text, msg.params.id) end
   end
 end
 
@@ -147,7 +147,7 @@ end
 
 --- Send a request. `params` is a table, or a function returning one (called again for a retry,
 --- so that it can re-open the document first). `handler(msg)` gets the reply (or an error when
---- the connection was lost twice); `opts.on_partial(text)` gets streamed pieces; `opts.retry`
+--- the connection was lost twice); `opts.on_partial(text, id)` gets streamed pieces; `opts.retry`
 --- (default 1) is how often to resend on a fresh connection. Returns the entry: `entry.id` is
 --- the id of its latest attempt.
 function R.request(method, params, handler, opts)
