@@ -314,17 +314,24 @@ def utf8_limit(t: Target) -> str:
 
 
 def idle_tokenize(t: Target) -> str:
-    """Large open documents are not tokenized in idle time (uninterruptible): a completion right
-    after opening them is not held up."""
+    """Idle prefill of large open documents yields to a request even while it tokenizes (one C call
+    of up to seconds): completions sent while it runs are answered at once. Documents over the idle
+    limit (1 Mi code points) are not prefilled at all."""
+    docs = [str(t.tmp / f"big{k}.py") for k in range(6)]
+    sizes = [1_000_000] * 4 + [3_000_000] * 2
+    took = []
     with Raw(t.sock, 60) as c:
-        for k in range(4):
-            c.call("didOpen", {"path": str(t.tmp / f"big{k}.py"), "text": "value = compute(1, 2)\n" * 300_000})
-    took = small_complete(t)
-    with Raw(t.sock, 60) as c:
-        for k in range(4):
-            c.call("didClose", {"path": str(t.tmp / f"big{k}.py")})
-    check(took < 3, f"a completion took {took:.1f} s behind the idle prefill of 4 x 6.6 MB")
-    return f"completion in {took * 1e3:.0f} ms after opening 4 x 6.6 MB"
+        for path, n in zip(docs, sizes):
+            c.call("didOpen", {"path": path, "text": ("value = compute(1, 2)\n" * (n // 22 + 1))[:n]})
+        for _ in range(4):
+            time.sleep(0.3)  # the idle prefill is tokenizing a document again
+            took.append(small_complete(t))
+        for path in docs:
+            c.call("didClose", {"path": path})
+    # Generous: the test machine may be loaded (tests/engine/test_interrupt.py times the yield itself).
+    # Before the fix, each of these waited for a whole tokenize call (3 MB: seconds).
+    check(max(took) < 2, f"a completion took {max(took):.2f} s behind the idle prefill")
+    return f"completions in {max(took) * 1e3:.0f} ms (max of 4) while idle prefill tokenized 4 x 1 MB"
 
 
 def roots(t: Target) -> str:

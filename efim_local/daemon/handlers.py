@@ -11,6 +11,7 @@ import threading
 import time
 
 from ..engine import CompletionRequest, Engine
+from ..engine.interrupt import interruptible_planning
 from ..errors import InvalidParams, InvalidRequest
 from ..prompt.document import read_source
 from .dispatch import DEFERRED
@@ -19,8 +20,8 @@ from .documents import Documents, check_size, name_param, path_param, position
 from .framing import Connection, Message, param, valid_id
 from .worker import Job, Worker
 
-# Idle prefill tokenizes the whole text first, and tokenizing cannot be interrupted: a request
-# arriving then would wait for it. Larger documents are prefilled by their first request.
+# Idle prefill tokenizes the whole text first (interruptibly: engine/interrupt.py); this bounds the
+# background tokenizing a document can cost. Larger documents are prefilled by their first request.
 IDLE_MAX_CHARS = 1 << 20
 
 
@@ -156,9 +157,10 @@ class Handlers:
                     text = read_source(path, follow=False)
                 except Exception:  # noqa: BLE001 - gone, unreadable: nothing to warm
                     return
-            if len(text) > IDLE_MAX_CHARS:  # tokenizing it could not be interrupted: wait for a request
+            if len(text) > IDLE_MAX_CHARS:
                 return
             cursor = len(text) if cursor is None else min(cursor, len(text))
-            engine.prefill(path, text, cursor, should_stop)
+            with interruptible_planning(engine.planner, should_stop):  # a request never waits for it
+                engine.prefill(path, text, cursor, should_stop)
 
         self.worker.add_idle(warm, key=("warm", path))

@@ -144,6 +144,9 @@ class Server:
                     continue
                 try:
                     self.accept(client)
+                except OSError as e:  # EMFILE on dup() and the like: this client only
+                    log.warning("a connection failed at accept: %s", e)
+                    client.close()
                 except Exception:  # noqa: BLE001 - one client never ends the accept loop
                     log.exception("a connection failed at accept")
                     client.close()

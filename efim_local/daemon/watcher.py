@@ -84,7 +84,11 @@ class Watcher:
             if root in self._watches:
                 self._watches.move_to_end(root)
                 return
-            self._watches[root] = self.observer.schedule(_Handler(self.callback, root), root, recursive=True)
+            try:
+                self._watches[root] = self.observer.schedule(_Handler(self.callback, root), root, recursive=True)
+            except OSError as e:  # out of inotify watches, unreadable: the daemon goes on without it
+                log.warning("cannot watch %s: %s", root, e)
+                return
             log.info("watching %s", root)
             unpinned = [r for r in self._watches if r not in self._pinned]
             for old in unpinned[:max(0, len(unpinned) - self.limit)]:

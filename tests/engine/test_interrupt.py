@@ -1,0 +1,62 @@
+"""Idle prefill yields to a request even inside one long tokenize call (issue 17, item 12)."""
+
+import threading
+import time
+
+import pytest
+
+from efim_local.engine import interrupt
+from efim_local.errors import Cancelled
+
+BIG = ("value = compute(1, 2)\n" * 50_000)[:1_000_000]  # about 1 s of tokenizing for the tiny model
+
+
+def test_a_long_tokenize_is_cut_short_and_its_result_kept(model):
+    calls = []
+
+    def counted(text, *a, **kw):
+        calls.append(len(text))
+        return model.tokenize(text, *a, **kw)
+
+    t0 = time.monotonic()
+    reference = model.tokenize(BIG)
+    alone = time.monotonic() - t0
+    stop_at = time.monotonic() + 0.05
+    tok = interrupt.interruptible(counted, lambda: time.monotonic() > stop_at)
+    with pytest.raises(Cancelled):
+        tok(BIG)
+    late = time.monotonic() - stop_at
+    assert late < max(0.25, alone / 3), f"Cancelled {late:.2f} s after the stop (the call takes {alone:.2f} s)"
+    interrupt._running.join(30)  # the call went on in the background...
+    assert interrupt.interruptible(counted, lambda: False)(BIG) == reference  # ...and its result is reused
+    assert calls == [len(BIG)]
+    assert interrupt.interruptible(counted, lambda: False)("short") == model.tokenize("short")  # inline
+
+
+def test_a_second_call_waits_for_the_first_interruptibly(model):
+    """At most one background call: a new one waits (and can still be stopped) meanwhile."""
+    tok = interrupt.interruptible(model.tokenize, lambda: time.monotonic() > deadline)
+    deadline = time.monotonic() + 0.02
+    with pytest.raises(Cancelled):
+        tok(BIG + "#1")
+    first = interrupt._running
+    deadline = time.monotonic() + 0.05
+    with pytest.raises(Cancelled):
+        tok(BIG + "#2")  # waits for the first, does not start a second thread
+    assert interrupt._running is first
+    first.join(30)
+    assert threading.active_count() < 50
+
+
+def test_engine_prefill_inside_interruptible_planning_stops_at_once(tmp_path, tiny_model):
+    from efim_local.api import open_engine
+
+    from tests.helpers import small_config
+
+    with open_engine(small_config(model=str(tiny_model), store=False)) as engine:
+        stop_at = time.monotonic() + 0.05
+        should_stop = lambda: time.monotonic() > stop_at  # noqa: E731
+        with pytest.raises(Cancelled), interrupt.interruptible_planning(engine.planner, should_stop):
+            engine.prefill("big.py", BIG, len(BIG) // 2, should_stop)
+        assert time.monotonic() - stop_at < 0.5
+        assert engine.planner.tokenize == engine.model.tokenize  # restored
