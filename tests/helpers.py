@@ -6,6 +6,7 @@ here loads llama.cpp or a model until a helper is called.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -21,10 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def small_config(**kw) -> Config:
-    """A Config for the tiny models: small context, a few slots, 2 threads, 8 tokens out."""
+    """A Config for the tiny models: small context, a few slots, 2 threads, 8 tokens out, and no
+    latency budget unless asked (a loaded machine would otherwise reduce plans that tests count)."""
     ctx = dict(n_ctx_seq=1024, n_slots=3, n_batch=64, n_threads=2)
     ctx.update({k: kw.pop(k) for k in list(kw) if k in ContextParams.__dataclass_fields__})
-    return Config(context=ContextParams(**ctx), max_tokens=8, **kw)
+    return Config(context=ContextParams(**ctx), **{"max_tokens": 8, "max_prompt_ms": 0.0, **kw})
 
 
 def efim_cli(*args, input=None, env=None) -> subprocess.CompletedProcess:
@@ -50,12 +52,14 @@ def __getattr__(name):  # ``SOURCES`` is computed on first use, so unit tests ne
 
 
 # -- editing a document like a user -----------------------------------------------------------
+PAIRS = {"(": ")", "[": "]", "{": "}", '"': '"'}  # what an editor's auto-pairs insert
 EDIT = st.one_of(
     st.tuples(st.just("type"), st.text("abcdef _().:=\n\té", min_size=1, max_size=6)),
     st.tuples(st.just("backspace"), st.integers(1, 4)),
     st.tuples(st.just("move"), st.integers(-200, 200)),
     st.tuples(st.just("insert_far"), st.integers(0, 10_000), st.text("xyz\n#", min_size=1, max_size=5)),
     st.tuples(st.just("delete_far"), st.integers(0, 10_000), st.integers(1, 20)),
+    st.tuples(st.just("pair"), st.sampled_from(list(PAIRS))),
 )
 
 
@@ -64,6 +68,8 @@ def apply(doc: str, cur: int, edit: tuple) -> tuple[str, int]:
     kind = edit[0]
     if kind == "type":
         return doc[:cur] + edit[1] + doc[cur:], cur + len(edit[1])
+    if kind == "pair":  # typing an opener: the editor inserts its closer after the cursor
+        return doc[:cur] + edit[1] + PAIRS[edit[1]] + doc[cur:], cur + 1
     if kind == "backspace":
         k = min(edit[1], cur)
         return doc[:cur - k] + doc[cur:], cur - k
@@ -134,3 +140,41 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+# -- small file systems (full and read-only disks) ----------------------------------------------
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str = "1m"):
+    """A tmpfs of ``size`` mounted at ``path`` (root only); skips the test with the reason when it
+    cannot be mounted. ``remount(ro=True)`` makes it read-only; ``fill()`` uses up its space."""
+    import pytest
+
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def remount_read_only(path: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True, capture_output=True)
+
+
+def fill_disk(path: Path) -> Path:
+    """Write a file under ``path`` until the file system is full (ENOSPC); returns it."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler

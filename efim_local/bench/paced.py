@@ -190,6 +190,9 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
          "stale_frac": sum(r["stale"] for r in rows) / max(1, len(rows)),
          "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95), "ttft_p99_ms": bu.pctl(ttft, 0.99),
          "wait_p95_ms": bu.pctl([r["wait_ms"] for r in rows if r["wait_ms"] is not None], 0.95)}
+    reasons = [r["reanchor"] for r in rows if r.get("reanchor")]
+    if reasons:  # efim's answers that moved their anchor, by reason (auto-pairs must not be among them)
+        s["reanchors"] = {k: reasons.count(k) for k in sorted(set(reasons))}
     if full_tokens and any("context_prefix_tokens" in r for r in rows):
         fr = [(r["context_prefix_tokens"] + r["context_suffix_tokens"]) / max(1, full)
                for r, full in zip(rows, full_tokens) if "context_prefix_tokens" in r]

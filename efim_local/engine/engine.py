@@ -26,7 +26,7 @@ from ..prompt.healing import Healer
 from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, line_start
 from .decode import Decoder
 from .files import Files
-from .models import choose_layout, default_layout
+from .models import choose_heal, choose_layout, default_layout
 from .request import Completion, CompletionRequest, Timings, TokenCounts
 from .reuse import Reuse
 from .slots import SlotManager
@@ -97,7 +97,9 @@ class Engine:
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
             self.default_layout, self.fragment_trained = default_layout(self.model.meta, config.layout)
-            self.layout_reason = choose_layout(self.model.meta, config.layout)[1]
+            text_markers = self.template.source == "text"
+            self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
+            self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers)
             self.speed = PrefillSpeed()  # learned from every prefill; the latency budget asks it
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
@@ -179,7 +181,8 @@ class Engine:
         t0 = time.perf_counter()
         plan = self._fit_budget(req, self.plan(req))
         tokens, heal = plan.tokens, b""
-        if req.heal and plan.middle_tokens and Healer.should_heal(self.model.piece(plan.middle_tokens[-1])):
+        want_heal = self.default_heal if req.heal is None else req.heal
+        if want_heal and plan.middle_tokens and Healer.should_heal(self.model.piece(plan.middle_tokens[-1])):
             # Back off the middle's last token; generation must spell it out again.
             cut = plan.middle_start + len(plan.middle_tokens) - 1
             heal = self.model.piece(tokens[cut])
@@ -187,9 +190,12 @@ class Engine:
         plan_ms = (time.perf_counter() - t0) * 1e3
         context = {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
                    "reduced": plan.reduced}
+        if plan.closers:
+            context["closers"] = plan.closers
         try:
             out = self.run(tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
-                           on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk, idle=idle)
+                           on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk, idle=idle,
+                           closers=plan.closers)
         except Cancelled as e:
             if isinstance(e.data, dict):  # cancelled while generating: say what it answered from
                 e.data["context"] = context
@@ -258,14 +264,16 @@ class Engine:
 
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
             t0: float | None = None, on_text=None, checkpoint: int | None = None,
-            should_stop=None, heal: bytes = b"", chunk=None, idle: bool = False) -> Completion:
+            should_stop=None, heal: bytes = b"", chunk=None, idle: bool = False,
+            closers: str = "") -> Completion:
         """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV;
         ``idle`` work leaves the KV of the requests' slots whole (it grows a copy).
 
         ``checkpoint`` is the prompt length worth saving for sliding-window models.
         ``should_stop()`` is polled between batches (of at most ``chunk`` tokens) and tokens; when
         true, Cancelled is raised.
-        ``heal`` is text backed off the prompt that the first tokens must spell out again.
+        ``heal`` is text backed off the prompt that the first tokens must spell out again;
+        ``closers``: auto-paired closers after the cursor, where the answer stops.
         """
         t0 = t0 if t0 is not None else time.perf_counter()
         prompt = np.asarray(tokens, dtype=np.int32)
@@ -277,7 +285,7 @@ class Engine:
         max_tokens = self._max_tokens(req)
         room = self.config.context.n_ctx_seq - len(prompt)
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=req.stop_at_newline,
-                          max_lines=req.max_lines, stop_strings=self.template.stop_strings)
+                          max_lines=req.max_lines, stop_strings=self.template.stop_strings, closers=closers)
         try:
             t_fill = time.perf_counter()
             evaluated = self.decoder.prefill(slot, prompt, start.n_common, should_stop, chunk)
@@ -337,6 +345,7 @@ class Engine:
         return {
             "model": str(self.model.path), "description": self.model.description(), **library_info(),
             "layout": self.default_layout, "layout_reason": self.layout_reason,
+            "heal": self.default_heal, "heal_reason": self.heal_reason,
             "fragment_trained": self.fragment_trained,
             "template": self.template.source, "n_slots": ctx.n_slots, "n_ctx_seq": ctx.n_ctx_seq,
             "threads": self.ctx.n_threads, "threads_batch": self.ctx.n_threads_batch,

@@ -12,6 +12,10 @@ class StopRules:
     stop_at_newline: bool = False  # stop at the end of the first non-empty line
     max_lines: int | None = None  # stop after this many lines
     stop_strings: tuple[str, ...] = ()
+    closers: str = ""  # auto-paired closers after the cursor: stop where the text would close them
+
+
+OPENERS = {")": "(", "]": "[", "}": "{"}
 
 
 class TextStream:
@@ -48,6 +52,10 @@ class TextStream:
             i = buf.find(s, len(self.text) - len(s) + 1 if len(self.text) >= len(s) else 0)
             if i >= 0 and (cut is None or i < cut):
                 cut, reason = i, "stop_string"
+        if self.rules.closers:
+            i = _closing(buf, self.rules.closers[0])
+            if i is not None and (cut is None or i < cut):
+                cut, reason = i, "closer"
         n_lines = self.rules.max_lines or (1 if self.rules.stop_at_newline else None)
         if n_lines:
             i = _nth_line_end(buf, n_lines)
@@ -65,6 +73,25 @@ class TextStream:
         self.text = buf[:max(keep, len(self.text))]
         self._pending = buf[len(self.text):]
         return out
+
+
+def _closing(buf: str, closer: str) -> int | None:
+    """Index of the character in ``buf`` that would close the construct ``closer`` ends (the editor
+    already has that closer after the cursor): an unmatched bracket, or an unescaped quote."""
+    if closer not in OPENERS:  # a quote: the string the cursor is in ends at the next one
+        for i, ch in enumerate(buf):
+            if ch == closer and (i == 0 or buf[i - 1] != "\\"):
+                return i
+        return None
+    depth = 0
+    for i, ch in enumerate(buf):
+        if ch in "([{":
+            depth += 1
+        elif ch in OPENERS:
+            if depth == 0 and ch == closer:
+                return i
+            depth = max(0, depth - 1)  # a stray closer of another kind is the model's own
+    return None
 
 
 def _nth_line_end(buf: str, n: int) -> int | None:

@@ -35,6 +35,12 @@ LATENCY_BUDGET = "latency_budget"  # the plan was reduced to fit the request's t
 
 LAYOUTS = ("efim", "fim")
 
+# What an editor's auto-pairs insert after the cursor. When the text after the cursor differs from
+# the anchor's suffix only by a few of these at its start, the anchor is kept: the closers stay
+# out of the prompt and the answer stops where it would close them (see stream.py).
+CLOSERS = ")]}\"'`"
+MAX_CLOSERS = 4
+
 
 @dataclass(frozen=True)
 class Markers:
@@ -86,6 +92,7 @@ class Plan:
     prefix_trimmed: int = 0
     suffix_trimmed: int = 0
     reduced: bool = False  # trimmed to fit a latency budget
+    closers: str = ""  # auto-paired closers right after the cursor that the (kept) suffix lacks
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,16 @@ class PlannerLimits:
     reserve_tokens: int = 128  # room kept for the output
 
 
+
+
+def auto_closers(suffix_text: str, text: str, cursor: int) -> str:
+    """The closers an editor's auto-pairs put right after the cursor, if the text after it is
+    ``suffix_text`` with only those in front ("" otherwise)."""
+    extra = len(text) - cursor - len(suffix_text)
+    if not 0 < extra <= MAX_CLOSERS or not text.endswith(suffix_text):
+        return ""
+    head = text[cursor:cursor + extra]
+    return head if all(c in CLOSERS for c in head) else ""
 
 
 def line_start(text: str, offset: int) -> int:
@@ -130,6 +147,10 @@ class Planner:
             raise PlanError(f"unknown layout {layout!r} (expected one of {', '.join(LAYOUTS)})")
 
         reason = self._keep_or_reason(session, text, cursor, layout)
+        closers = ""
+        if reason == SUFFIX_CHANGED:
+            closers = auto_closers(session.anchor.suffix_text, text, cursor)
+            reason = None if closers else reason
         if budget_tokens is not None or budget_for is not None:
             reason = LATENCY_BUDGET
         if reason is None:
@@ -144,6 +165,7 @@ class Planner:
             anchor = self._anchor(text, cursor, reserve, budget_tokens, cached, budget_for, pieces)
             session.anchor = anchor
             session.reanchors += 1
+            closers = ""
             middle_text = text[anchor.offset:cursor]
             middle = tuple(self.tokenize(middle_text))
         session.layout = layout
@@ -161,6 +183,7 @@ class Planner:
             prefix_trimmed=anchor.prefix_trimmed,
             suffix_trimmed=anchor.suffix_trimmed,
             reduced=anchor.reduced,
+            closers=closers,
         )
 
     def middle_start(self, layout: str, anchor: Anchor, n_tokens: int, n_middle: int) -> int:

@@ -28,8 +28,8 @@ def reference(arch_model):
         yield e
 
 
-def cold(reference, tokens, max_tokens=8):
-    return reference.run(tokens, CompletionRequest("", 0, max_tokens=max_tokens), cold=True)
+def cold(reference, tokens, max_tokens=8, closers=""):
+    return reference.run(tokens, CompletionRequest("", 0, max_tokens=max_tokens), cold=True, closers=closers)
 
 
 def test_complete_counts_and_reuse(engine, reference):
@@ -115,6 +115,12 @@ SCRIPT = [
     (lambda d, c, a: ("delete_far", 10, 5), P.EDIT_BEFORE_ANCHOR),  # far delete before the cursor
     (lambda d, c, a: ("insert_far", c + 300, "z = 1\n"), P.SUFFIX_CHANGED),  # far insert after the cursor
     (lambda d, c, a: ("type", "q"), None),
+    (lambda d, c, a: ("pair", "("), None),  # auto-pairs: ")" after the cursor keeps the anchor
+    (lambda d, c, a: ("pair", '"'), None),
+    (lambda d, c, a: ("type", "s"), None),
+    (lambda d, c, a: ("move", 1), None),  # typed over the closers: the suffix is the anchor's again
+    (lambda d, c, a: ("move", 1), None),
+    (lambda d, c, a: ("move", 1), P.SUFFIX_CHANGED),  # past the suffix's start
 ]
 
 
@@ -136,7 +142,7 @@ def test_every_edit_kind_reuses_kv_exactly(engine, reference, layout):
             assert warm.tokens.cached > 0, (i, edit)  # the anchor was kept, and so was its KV
         plan = engine.plan(req)
         assert plan.reanchor is None
-        assert warm.token_ids == cold(reference, plan.tokens, max_tokens=6).token_ids, (i, edit, warm.tokens)
+        assert warm.token_ids == cold(reference, plan.tokens, 6, plan.closers).token_ids, (i, edit, warm.tokens)
         assert warm.tokens.prompt == len(plan.tokens)
 
 
@@ -172,7 +178,7 @@ def test_reused_kv_is_token_identical_to_empty_cache(engine, reference, src, sta
         warm = engine.complete(req)
         plan = engine.plan(req)  # the same plan again: the anchor was kept
         assert plan.reanchor is None
-        ref = cold(reference, plan.tokens, max_tokens=6)
+        ref = cold(reference, plan.tokens, 6, plan.closers)
         assert warm.token_ids == ref.token_ids, (edit, warm.tokens)
         assert warm.tokens.prompt == len(plan.tokens)
 

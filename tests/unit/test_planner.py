@@ -120,6 +120,29 @@ def test_reanchor_reasons():
     assert s.reanchors == 5 + reasons.count(P.MIDDLE_TOO_LONG)
 
 
+@pytest.mark.parametrize("layout", P.LAYOUTS)
+def test_auto_paired_closers_keep_the_anchor(layout):
+    """Typing "(" makes the editor insert ")" after the cursor: the anchor (and its cached suffix)
+    stays; the plan reports the closer, which the answer must not repeat (stream.py stops there)."""
+    pl, s = make(), FileSession()
+    doc = "x = 1\nprint\ny = 2\n"
+    cur = doc.index("print") + 5
+    first = pl.plan(s, doc, cur, layout)
+    for typed, closers in [("(", ")"), ('("', '")'), ('(["', '"])')]:
+        d = doc[:cur] + typed + closers + doc[cur:]
+        plan = pl.plan(s, d, cur + len(typed), layout)
+        assert plan.reanchor is None and plan.closers == closers
+        assert plan.suffix_tokens == first.suffix_tokens and plan.middle_text == "print" + typed
+    over = doc[:cur] + "()" + doc[cur:]  # the closer typed over: the suffix is the anchor's again
+    assert pl.plan(s, over, cur + 2, layout).closers == ""
+    assert pl.plan(s, over, cur + 2, layout).reanchor is None
+    other = doc[:cur] + "(x" + doc[cur:]  # text that is not a closer re-anchors, as before
+    plan = pl.plan(s, other, cur + 1, layout)
+    assert plan.reanchor == P.SUFFIX_CHANGED and plan.closers == ""
+    many = doc[:cur] + "(" + ")" * (P.MAX_CLOSERS + 1) + doc[cur:]
+    assert pl.plan(s, many, cur + 1, layout).reanchor == P.SUFFIX_CHANGED
+
+
 def test_a_very_long_line_is_anchored_at_the_cursor():
     pl, s = make(max_middle_tokens=8), FileSession()
     doc = "import os\n" + "x, " * 30 + "\n"

@@ -49,10 +49,11 @@ def shown(rules: StopRules, chunks: list[bytes]) -> tuple[str, str | None]:
 
 
 RULES = [StopRules(stop_at_newline=True), StopRules(max_lines=1), StopRules(max_lines=2),
-         StopRules(max_lines=3, stop_strings=("<END>", "\n\n\n"))]
+         StopRules(max_lines=3, stop_strings=("<END>", "\n\n\n")), StopRules(closers=")]"),
+         StopRules(closers='"', stop_at_newline=True)]
 
 
-@given(text=st.text(st.sampled_from(list("ab \t\r\n<END>") + ["日", "🙂"]), max_size=40),
+@given(text=st.text(st.sampled_from(list("ab \t\r\n<END>()[\"\\") + ["日", "🙂"]), max_size=40),
        cuts=st.lists(st.integers(0, 200), max_size=12), rules=st.sampled_from(RULES))
 def test_what_is_shown_does_not_depend_on_token_boundaries(text, cuts, rules):
     out, reason = shown(rules, chunked(text.encode(), cuts))
@@ -64,6 +65,8 @@ def test_what_is_shown_does_not_depend_on_token_boundaries(text, cuts, rules):
         assert text[len(out)] == "\n"  # cut at the end of a line
         n = rules.max_lines or 1
         assert out.lstrip().count("\n") == n - 1  # leading blank lines do not count
+    elif reason == "closer":
+        assert text[len(out)] == rules.closers[0]
     else:
         assert any(text[len(out):].startswith(stop) for stop in rules.stop_strings)
 
@@ -80,3 +83,16 @@ def test_finish_after_a_stop_adds_nothing(rules, data):
     out = s.feed(data)
     assert s.stop_reason is not None
     assert s.finish() == "" and s.text == out
+
+
+@pytest.mark.parametrize("closer, text, shown_", [
+    (")", "a, b), c", "a, b"),                   # the call the editor already closed
+    (")", "f(x), g[1]) + 1", "f(x), g[1]"),     # nested pairs are the model's own
+    (")", "a]\nb) c", "a]\nb"),                  # a stray closer of another kind is not the one
+    ("]", "0][1]", "0"),
+    ('"', 'say \\"hi\\"" + x', 'say \\"hi\\"'),  # an escaped quote does not end the string
+    (")", "no closer here", "no closer here"),
+])
+def test_an_answer_stops_where_it_would_close_an_auto_paired_closer(closer, text, shown_):
+    out, reason = shown(StopRules(closers=closer), [text.encode()])
+    assert out == shown_ and reason == ("closer" if out != text else None)
