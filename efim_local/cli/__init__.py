@@ -99,11 +99,13 @@ def request_options(fn):
     """The completion request's options, from its one definition (engine/request.py)."""
     from ..engine.request import CompletionRequest
 
-    for name, _, meta in reversed(CompletionRequest.options()):
+    for name, default, meta in reversed(CompletionRequest.options()):
         if not meta["cli"] or name == "layout":  # --layout comes with the model options
             continue
         flag = "--" + name.replace("_", "-")
-        if meta["kind"] is bool:
+        if meta["kind"] is bool and default is None:  # on or off, else the model's default
+            opt = click.option(f"{flag}/--no-{flag[2:]}", default=None, help=meta["help"])
+        elif meta["kind"] is bool:
             opt = click.option(flag, is_flag=True, default=None, help=meta["help"])
         else:
             lo, hi = meta["lo"], meta["hi"]

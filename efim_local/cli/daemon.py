@@ -205,6 +205,8 @@ def daemon_status(as_json):
                f"{st['threads']}+{st['threads_batch']} threads, KV {st['type_k']}/{st['type_v']}, "
                f"flash attention {'on' if st['flash_attn'] else 'off'}")
     click.echo(f"layout       {st['layout']}: {st['layout_reason']}")
+    if "heal" in st:
+        click.echo(f"healing      {'on' if st['heal'] else 'off'}: {st['heal_reason']}")
     req = st["requests"]
     lat = f", latency p50 {req['p50_ms']} ms / p95 {req['p95_ms']} ms (last {req['window']})" if req["window"] else ""
     click.echo(f"requests     {st['served']} served, {st['errors']} errors, {st['queued']} queued{lat}")

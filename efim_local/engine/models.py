@@ -26,20 +26,41 @@ def resolve_model(cfg: Config) -> Path:
     return Path(cfg.model).expanduser() if cfg.model else default_model()
 
 
-def choose_layout(meta, config_layout: str | None) -> tuple[str, str]:
-    """(layout, reason) for a model whose metadata reader is ``meta(key)``: EFIM for fragment-trained
-    models (they continue a partial word), FIM for others, unless the configuration says otherwise.
-    The reason is one line for status output and the log."""
-    fragment = (meta(KEY_FRAGMENT) or "").lower() == "true"
+# The defaults come from the sub-token evaluation (scripts/eval_subtoken.py, docs/models.md,
+# "Choosing the layout"): every kind of model continues a partial word best with EFIM (the typed text
+# after the middle marker) and token healing, and EFIM never recomputes the suffix while one types.
+KIND_FRAGMENT = "fragment-trained"
+KIND_FIM = "FIM tokens, not fragment-trained"
+KIND_TEXT = "text FIM markers"
+
+
+def model_kind(meta, text_markers: bool = False) -> str:
+    """Which of the three measured kinds a model is: fragment-trained (GGUF metadata), a FIM model
+    without fragment training, or a model prompted with text markers."""
+    if (meta(KEY_FRAGMENT) or "").lower() == "true":
+        return KIND_FRAGMENT
+    return KIND_TEXT if text_markers else KIND_FIM
+
+
+def choose_layout(meta, config_layout: str | None, text_markers: bool = False) -> tuple[str, str]:
+    """(layout, reason) for a model whose metadata reader is ``meta(key)``: EFIM for every kind of model
+    (measured: docs/models.md), the layout a fragment-trained model was trained for if its metadata
+    names one, unless the configuration says otherwise. The reason is one line for status and the log."""
     if config_layout:
         return config_layout, f"configured layout = \"{config_layout}\""
-    if fragment:
+    kind = model_kind(meta, text_markers)
+    if kind == KIND_FRAGMENT:
         trained = meta(KEY_LAYOUT)
         why = f"model metadata {KEY_FRAGMENT}=true" + (f", {KEY_LAYOUT}={trained}" if trained else "")
         return trained or "efim", why
-    return "fim", f"model not fragment-trained (no {KEY_FRAGMENT}=true); set layout = \"efim\" to reuse the suffix"
+    return "efim", f"{kind}: EFIM with token healing continues a partial word as well as FIM (docs/models.md)"
+
+
+def choose_heal(meta, text_markers: bool = False) -> tuple[bool, str]:
+    """(heal, reason): token healing by default for every kind of model; a request may turn it off."""
+    return True, f"{model_kind(meta, text_markers)}: healing recovers most of the mid-word loss (docs/models.md)"
 
 
 def default_layout(meta, config_layout: str | None) -> tuple[str, bool]:
     """(layout, fragment_trained): see choose_layout."""
-    return choose_layout(meta, config_layout)[0], (meta(KEY_FRAGMENT) or "").lower() == "true"
+    return choose_layout(meta, config_layout)[0], model_kind(meta) == KIND_FRAGMENT

@@ -46,7 +46,8 @@ class CompletionRequest:
                                          "is reduced to the context nearest the cursor (0: no budget; "
                                          "default: the config's).", 0, 600_000)
     ignore_eog: bool = _param(False, bool, "Always generate max_tokens (benchmarks).", cli=False)
-    heal: bool = _param(False, bool, "Token healing: re-choose the partial word at the cursor.")
+    heal: bool | None = _param(None, bool, "Token healing: re-choose the partial word at the cursor "
+                               "(default: on; docs/models.md).")
     sparse: bool | None = _param(None, bool, "InfiniGen sparse restore of long saved states "
                                  "(default: the config's).", cli=False)
 
