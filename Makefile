@@ -21,11 +21,49 @@ nvim:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq neovim >/dev/null; } || \
 	  echo "warning: neovim not installed; its tests will be skipped"
 
+# The VS Code test (tests/e2e/test_vscode.py): code-server (VS Code in the browser, from npm) with the
+# extension's .vsix, driven by Debian's chromium through Playwright. Cached in .cache/ and
+# editors/vscode/node_modules: a second run only compares timestamps.
+.PHONY: vscode chromium
+CODE_SERVER_VERSION := 4.100.3
+CODE_SERVER_DIR ?= .cache/code-server
+CODE_SERVER := $(CODE_SERVER_DIR)/node_modules/.bin/code-server
+VSIX := editors/vscode/efim.vsix
+vscode: $(VSIX) $(CODE_SERVER) chromium
+
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "warning: chromium not installed; the VS Code test will be skipped"
+
+editors/vscode/node_modules/.installed: editors/vscode/package-lock.json
+	cd editors/vscode && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(VSIX): editors/vscode/node_modules/.installed editors/vscode/package.json editors/vscode/tsconfig.json \
+		editors/vscode/src/extension.ts
+	cd editors/vscode && npm run -s package
+
+# code-server builds native modules when installed (kerberos needs libkrb5-dev; as root, npm needs
+# unsafe-perm, and node-pty runs npx). @vscode/ripgrep downloads rg from GitHub: its download cache
+# is seeded with Debian's rg (the same 13.0.0), so no GitHub access is needed.
+RG_CACHE := $${TMPDIR:-/tmp}/vscode-ripgrep-cache-1.15.11
+$(CODE_SERVER):
+	@[ "$$(id -u)" != 0 ] || { dpkg -s libkrb5-dev pkg-config ripgrep >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential pkg-config libkrb5-dev ripgrep >/dev/null; }; }
+	@if command -v rg >/dev/null && [ ! -f $(RG_CACHE)/ripgrep-v13.0.0-10-x86_64-unknown-linux-musl.tar.gz ]; then \
+	  mkdir -p $(RG_CACHE)/rg && cp "$$(command -v rg)" $(RG_CACHE)/rg/rg && \
+	  tar czf $(RG_CACHE)/ripgrep-v13.0.0-10-x86_64-unknown-linux-musl.tar.gz -C $(RG_CACHE)/rg rg; fi
+	mkdir -p $(CODE_SERVER_DIR)
+	cd $(CODE_SERVER_DIR) && npm_config_unsafe_perm=true npm_config_yes=true npm install --no-audit --no-fund \
+	  --loglevel=error --prefix . code-server@$(CODE_SERVER_VERSION)
+	touch $@
+
 run: setup
 	$(VENV)/bin/efim complete examples/fib.py --line 5 --column 9 --max-tokens 24
 
 # All three tiers (tests/unit, tests/engine, tests/e2e); see tests/conftest.py.
-test: setup nvim
+test: setup nvim vscode
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

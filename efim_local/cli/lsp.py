@@ -10,8 +10,10 @@ from . import main
 @main.command()
 @click.option("--socket", "sock", type=click.Path(dir_okay=False),
               help="Daemon socket (default: $EFIM_SOCKET, else $XDG_RUNTIME_DIR/efim/efim.sock).")
-@click.option("--log-file", type=click.Path(dir_okay=False), help="Write the server's log here (default: stderr).")
-@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@click.option("--log-file", type=click.Path(dir_okay=False), envvar="EFIM_LSP_LOG",
+              help="Write the server's log here (default: stderr; $EFIM_LSP_LOG).")
+@click.option("-v", "--verbose", is_flag=True, envvar="EFIM_LSP_VERBOSE",
+              help="Log debug messages, every LSP message included ($EFIM_LSP_VERBOSE=1).")
 def lsp(sock, log_file, verbose):
     """Run a language server on stdin/stdout that relays to the efim daemon.
 

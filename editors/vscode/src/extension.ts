@@ -1,0 +1,203 @@
+// efim for VS Code: a thin client of `efim lsp` (LSP 3.18 inline completion) through
+// vscode-languageclient. VS Code draws the ghost text and accepts it with Tab; this file adds the
+// debounce, the accept-next-word/line commands that report partial accepts, a status-bar item
+// (last latency and cache tier, opens the log) and a clear message when `efim` is missing.
+import * as fs from "fs";
+import * as path from "path";
+import * as vscode from "vscode";
+import { LanguageClient, LanguageClientOptions, ServerOptions } from "vscode-languageclient/node";
+
+interface Offered {
+  uri: string;
+  id: string;
+  text: string;
+  accepted: number; // code points of `text` taken so far
+}
+
+interface Status {
+  model?: string;
+  latency_ms?: number;
+  daemon_ms?: number;
+  cache_tier?: string;
+  tokens?: { evaluated?: number; generated?: number };
+}
+
+let client: LanguageClient | undefined;
+let log: vscode.LogOutputChannel;
+let status: vscode.StatusBarItem;
+let offered: Offered | undefined;
+
+function settings() {
+  return vscode.workspace.getConfiguration("efim");
+}
+
+// The efim executable: a path that must be executable, or a name looked up on PATH.
+export function findEfim(cmd: string): string | undefined {
+  const executable = (p: string) => {
+    try {
+      fs.accessSync(p, fs.constants.X_OK);
+      return fs.statSync(p).isFile();
+    } catch {
+      return false;
+    }
+  };
+  if (cmd.includes("/") || cmd.includes("\\")) {
+    return executable(cmd) ? cmd : undefined;
+  }
+  for (const dir of (process.env.PATH || "").split(path.delimiter)) {
+    const p = path.join(dir, cmd);
+    if (dir && executable(p)) {
+      return p;
+    }
+  }
+  return undefined;
+}
+
+function enabled(languageId: string): boolean {
+  const langs = settings().get<string[]>("enabledLanguages", ["*"]);
+  return langs.includes("*") || langs.includes(languageId);
+}
+
+function initializationOptions() {
+  const s = settings();
+  const socket = s.get<string>("socket", "");
+  return {
+    maxTokens: s.get<number>("maxTokens", 64),
+    maxLines: s.get<number>("maxLines", 0),
+    enabledLanguages: s.get<string[]>("enabledLanguages", ["*"]),
+    ...(socket ? { socket } : {}),
+  };
+}
+
+function sleep(ms: number, token: vscode.CancellationToken): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    token.onCancellationRequested(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
+function showStatus(p: Status) {
+  const ms = typeof p.latency_ms === "number" ? `${Math.round(p.latency_ms)} ms` : "";
+  status.text = `$(sparkle) efim ${ms} ${p.cache_tier ?? ""}`.trimEnd();
+  status.tooltip = `efim: ${p.model ?? "?"}\nlast completion ${ms} (daemon ${p.daemon_ms ?? "?"} ms), ` +
+    `cache tier ${p.cache_tier ?? "?"}, ${p.tokens?.evaluated ?? "?"} tokens evaluated\nclick: show the log`;
+  log.appendLine(`completion: ${ms}, tier ${p.cache_tier}, tokens ${JSON.stringify(p.tokens ?? {})}`);
+}
+
+async function start(): Promise<void> {
+  const cmd = settings().get<string>("path", "efim") || "efim";
+  const efim = findEfim(cmd);
+  if (!efim) {
+    const msg = `efim: the command '${cmd}' was not found. Install efim-local (pip install efim-local) ` +
+      `or set "efim.path" to the efim executable.`;
+    log.appendLine(msg);
+    status.text = "$(error) efim: not found";
+    status.tooltip = msg;
+    const choice = await vscode.window.showErrorMessage(msg, "Open Settings");
+    if (choice === "Open Settings") {
+      void vscode.commands.executeCommand("workbench.action.openSettings", "efim.path");
+    }
+    return;
+  }
+  const serverOptions: ServerOptions = { command: efim, args: ["lsp"], options: { env: process.env } };
+  const clientOptions: LanguageClientOptions = {
+    documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
+    outputChannel: log,
+    initializationOptions: initializationOptions(),
+    synchronize: { configurationSection: "efim" },
+    middleware: {
+      provideInlineCompletionItems: async (document, position, context, token, next) => {
+        if (!enabled(document.languageId)) {
+          return null;
+        }
+        const ms = settings().get<number>("debounceMs", 75);
+        if (ms > 0) {
+          await sleep(ms, token);
+        }
+        if (token.isCancellationRequested) {
+          return null;
+        }
+        const result = await next(document, position, context, token);
+        const items = Array.isArray(result) ? result : result?.items;
+        const args = items?.[0]?.command?.arguments?.[0];
+        if (args && typeof args.text === "string") {
+          offered = { uri: args.uri, id: String(args.id), text: args.text, accepted: 0 };
+        }
+        return result;
+      },
+    },
+  };
+  client = new LanguageClient("efim", "efim", serverOptions, clientOptions);
+  client.registerProposedFeatures(); // inline completion (LSP 3.18) is still "proposed" in vscode-languageclient 10
+  status.text = "$(sync~spin) efim: starting";
+  try {
+    await client.start();
+  } catch (e) {
+    status.text = "$(error) efim";
+    log.appendLine(`efim lsp failed to start: ${e}`);
+    void vscode.window.showErrorMessage(`efim: the language server failed to start (${e}); see the efim log.`);
+    return;
+  }
+  client.onNotification("efim/status", showStatus);
+  status.text = "$(sparkle) efim: ready";
+  log.appendLine(`efim lsp started: ${efim}`);
+}
+
+// Accept part of the suggestion with VS Code's own command, then tell efim how much was taken.
+async function acceptPart(builtin: string): Promise<void> {
+  const editor = vscode.window.activeTextEditor;
+  if (!editor) {
+    return;
+  }
+  const before = editor.selection.active;
+  const version = editor.document.version;
+  await vscode.commands.executeCommand(builtin);
+  const after = editor.selection.active;
+  if (!client || !offered || editor.document.version === version || !after.isAfter(before)) {
+    return;
+  }
+  const taken = editor.document.getText(new vscode.Range(before, after));
+  offered.accepted = Math.min(offered.text.length, offered.accepted + [...taken].length);
+  await client.sendNotification("efim/didPartiallyAcceptCompletion", {
+    uri: offered.uri,
+    id: offered.id,
+    text: offered.text,
+    acceptedLength: offered.accepted,
+  });
+}
+
+export async function activate(context: vscode.ExtensionContext): Promise<void> {
+  log = vscode.window.createOutputChannel("efim", { log: true });
+  status = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+  status.name = "efim";
+  status.command = "efim.showLog";
+  status.text = "efim";
+  status.show();
+  context.subscriptions.push(
+    log,
+    status,
+    vscode.commands.registerCommand("efim.showLog", () => log.show(true)),
+    vscode.commands.registerCommand("efim.acceptNextWord", () =>
+      acceptPart("editor.action.inlineSuggest.acceptNextWord")),
+    vscode.commands.registerCommand("efim.acceptNextLine", () =>
+      acceptPart("editor.action.inlineSuggest.acceptNextLine")),
+    vscode.commands.registerCommand("efim.restart", async () => {
+      await client?.stop();
+      client = undefined;
+      await start();
+    }),
+    vscode.workspace.onDidChangeConfiguration(async (e) => {
+      if (e.affectsConfiguration("efim.path") || e.affectsConfiguration("efim.socket")) {
+        await vscode.commands.executeCommand("efim.restart");
+      }
+    }),
+  );
+  await start();
+}
+
+export async function deactivate(): Promise<void> {
+  await client?.stop();
+}

@@ -1,0 +1,186 @@
+"""The VS Code extension in a real VS Code: code-server with editors/vscode/efim.vsix installed, driven
+by headless Chromium through Playwright, the extension running the repository's `efim lsp`, which
+starts an isolated daemon on the tiny model. Type in a Python file, see efim's ghost text in the
+editor's DOM, accept it with Tab and read the file back; then accept a next word (Ctrl+Right) and
+check that the daemon heard of both accepts.
+
+`make vscode` (part of `make test`) installs code-server, Chromium and builds the .vsix. The test
+skips only when the browser cannot start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from efim_local.errors import one_line
+
+from tests.helpers import ROOT
+
+CODE_SERVER = ROOT / ".cache" / "code-server" / "node_modules" / ".bin" / "code-server"
+VSIX = ROOT / "editors" / "vscode" / "efim.vsix"
+SOURCE = "def greet(name):\n    return 'hello ' + name\n\n\n"
+GHOST = ".ghost-text-decoration, .ghost-text"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def vscode(tmp_path, tiny_model):
+    """code-server on a free port with the extension installed; yields (url, workspace, socket)."""
+    if not CODE_SERVER.exists() or not VSIX.exists():
+        pytest.fail(f"{CODE_SERVER.name} or {VSIX.name} missing: run `make vscode`")
+    ws, user, exts = tmp_path / "ws", tmp_path / "user", tmp_path / "exts"
+    ws.mkdir()
+    (ws / "app.py").write_text(SOURCE)
+    sock = tmp_path / "run" / "efim.sock"
+    (tmp_path / "config.toml").write_text("max_prompt_ms = 0\n")
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               XDG_DATA_HOME=str(tmp_path / "data"), XDG_CONFIG_HOME=str(tmp_path / "config"),
+               EFIM_CONFIG=str(tmp_path / "config.toml"), EFIM_MODEL=str(tiny_model), EFIM_SOCKET=str(sock),
+               EFIM_LSP_LOG=str(tmp_path / "lsp.log"))
+    (user / "User").mkdir(parents=True)
+    (user / "User" / "settings.json").write_text(json.dumps({
+        "efim.path": str(Path(sys.executable).parent / "efim"), "efim.socket": str(sock),
+        "efim.maxTokens": 6, "efim.maxLines": 1, "efim.debounceMs": 0,
+        # nothing else may take Tab, and nothing may pop up over the editor
+        "editor.quickSuggestions": {"other": "off", "comments": "off", "strings": "off"},
+        "editor.suggestOnTriggerCharacters": False, "editor.wordBasedSuggestions": "off",
+        "editor.inlineSuggest.enabled": True, "editor.autoClosingBrackets": "never",
+        "workbench.startupEditor": "none", "security.workspace.trust.enabled": False,
+        "workbench.tips.enabled": False, "extensions.ignoreRecommendations": True,
+        "telemetry.telemetryLevel": "off", "update.mode": "none", "files.autoSave": "off"}))
+    base = [str(CODE_SERVER), "--user-data-dir", str(user), "--extensions-dir", str(exts)]
+    inst = subprocess.run([*base, "--install-extension", str(VSIX)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert inst.returncode == 0, inst.stdout + inst.stderr
+    port = free_port()
+    log = open(tmp_path / "code-server.log", "wb")
+    proc = subprocess.Popen([*base, "--auth", "none", "--bind-addr", f"127.0.0.1:{port}", "--disable-telemetry",
+                             "--disable-update-check", "--disable-workspace-trust", "--disable-getting-started-override",
+                             str(ws)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/?folder={ws}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "code-server.log").read_text()
+            time.sleep(0.2)
+    try:
+        yield url, ws, sock
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        from efim_local.daemon.client import Client
+
+        if sock.exists():  # the daemon that `efim lsp` started
+            try:
+                with Client(sock, timeout=10) as c:
+                    c.call("shutdown")
+            except OSError:
+                pass
+
+
+def daemon_accepted(sock: Path) -> dict:
+    from efim_local.daemon.client import Client
+
+    with Client(sock, timeout=10) as c:
+        return c.call("status")["accepted"]
+
+
+def wait_ghost(page, tmp_path: Path):
+    """The ghost text element; on a timeout, a screenshot and the extension's logs explain why."""
+    from playwright.sync_api import TimeoutError
+
+    try:
+        return page.wait_for_selector(GHOST, timeout=60_000)
+    except TimeoutError:
+        page.screenshot(path=str(tmp_path / "no-ghost.png"))
+        logs = [f"{p}:\n{p.read_text(errors='replace')[-3000:]}" for p in (tmp_path / "user" / "logs").rglob("*.log")
+                if "efim" in p.name.lower() or "exthost" in p.name.lower()]
+        if (tmp_path / "lsp.log").exists():
+            logs.append("efim lsp: " + (tmp_path / "lsp.log").read_text(errors="replace")[-3000:])
+        pytest.fail("no ghost text; screenshot in " + str(tmp_path / "no-ghost.png") + "\n" + "\n".join(logs))
+
+
+def test_ghost_text_tab_and_next_word_in_code_server(vscode, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    url, ws, sock = vscode
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (make vscode installs it)")
+    with sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=chromium, headless=True,
+                                        args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        except Exception as e:  # noqa: BLE001 - the one reason to skip
+            pytest.skip(f"chromium cannot start: {one_line(str(e))[:200]}")
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(url)
+            page.wait_for_selector(".monaco-workbench .part.statusbar", timeout=60_000)
+            # the extension's language client is up (its provider registered) when its status-bar item says so
+            page.wait_for_selector(".statusbar-item:has-text('efim: ready')", timeout=60_000)
+            page.keyboard.press("Control+P")
+            page.wait_for_selector(".quick-input-widget input", timeout=20_000)
+            page.keyboard.type("app.py")
+            page.wait_for_selector(".quick-input-list .monaco-list-row", timeout=20_000)
+            page.keyboard.press("Enter")
+            page.wait_for_selector(".monaco-editor .view-line", timeout=20_000)
+            page.click(".monaco-editor .view-lines")
+            page.keyboard.press("Control+End")
+            page.keyboard.type("x = gre", delay=30)
+            ghost = wait_ghost(page, tmp_path)
+            page.wait_for_timeout(300)  # let the suggestion settle before reading it
+            shown = "".join(e.text_content() for e in page.query_selector_all(GHOST)).replace("\u00a0", " ")
+            assert shown.strip(), "empty ghost text"
+            assert ghost.is_visible()
+            page.keyboard.press("Tab")
+            page.keyboard.press("Control+S")
+            deadline = time.monotonic() + 20
+            while (ws / "app.py").read_text() == SOURCE and time.monotonic() < deadline:
+                time.sleep(0.1)
+            saved = (ws / "app.py").read_text()
+            assert saved.startswith(SOURCE + "x = gre")
+            inserted = saved[len(SOURCE + "x = gre"):]
+            assert inserted == shown, (inserted, shown)  # Tab inserted exactly the ghost text
+            # the status bar shows the last latency and cache tier
+            item = page.locator(".statusbar-item:has-text('efim')").first.text_content()
+            assert "ms" in item, item
+            deadline = time.monotonic() + 10
+            while daemon_accepted(sock)["completions"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert daemon_accepted(sock)["completions"] == 1  # the item's efim.accepted command ran
+
+            # next word: a new line, a new ghost, Ctrl+Right takes its first word
+            page.keyboard.press("End")
+            page.keyboard.press("Enter")
+            page.keyboard.type("y = gre", delay=30)
+            wait_ghost(page, tmp_path)
+            page.wait_for_timeout(300)
+            page.keyboard.press("Control+ArrowRight")
+            deadline = time.monotonic() + 10
+            while daemon_accepted(sock)["partial"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            acc = daemon_accepted(sock)
+            assert acc["partial"] + acc["completions"] >= 2 and acc["accepted_chars"] > len(inserted), acc
+        finally:
+            browser.close()
