@@ -92,7 +92,7 @@ class Config:
     """Everything the engine needs; each field can be set in config.toml."""
 
     model: str | None = None  # GGUF path; None: the bundled default model
-    layout: str | None = None  # "efim" | "fim"; None: efim for fragment-trained models, else fim
+    layout: str | None = None  # "efim" | "fim"; None: the model's (engine/models.py: efim)
     fim_family: str | None = None  # force a family template (qwen, deepseek, starcoder, ...)
     fim_template: str | None = None  # text markers "PRE,SUF,MID[,psm|spm]" for models without FIM tokens
     fim_order: str | None = None  # "psm" | "spm"; None: the template's own

@@ -64,7 +64,7 @@ def model_options(fn):
         click.option("--model", "-m", type=click.Path(dir_okay=False),
                      help="GGUF model (default: $EFIM_MODEL, config, bundled)."),
         click.option("--layout", type=click.Choice(["efim", "fim"]),
-                     help="Prompt layout (default: efim for fragment-trained models)."),
+                     help="Prompt layout (default: the model's; efim, docs/models.md)."),
         click.option("--fim-template", help="Text markers 'PRE,SUF,MID[,psm|spm]' for models without FIM tokens."),
         click.option("--fim-family", help="Force a template family: qwen, deepseek, starcoder, codellama, codestral, "
                                           "codegemma, granite."),

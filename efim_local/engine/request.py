@@ -38,7 +38,7 @@ class CompletionRequest:
     top_k: int = _param(0, int, "Sample among the k most likely tokens (0: all).", 0, 1000)
     top_p: float = _param(1.0, float, "Nucleus sampling threshold.", 0, 1)
     seed: int = _param(0, int, "Sampling seed.", 0, (1 << 32) - 1)
-    layout: str | None = _param(None, str, "Prompt layout (default: efim for fragment-trained models).",
+    layout: str | None = _param(None, str, "Prompt layout (default: the model's; efim, docs/models.md).",
                                 choices=LAYOUTS)
     stop_at_newline: bool = _param(False, bool, "Stop at the end of the first line.")
     max_lines: int | None = _param(None, int, "Stop after this many lines.", 1, 1000)

@@ -24,7 +24,7 @@ def test_complete_json(src, tiny_model):
     assert set(out) >= {"text", "stop_reason", "layout", "tokens", "timings"}
     assert set(out["tokens"]) == {"prompt", "cached", "evaluated", "generated"}
     assert set(out["timings"]) == {"prompt_ms", "predict_ms", "total_ms", "plan_ms"}
-    assert out["tokens"]["generated"] <= 5 and out["layout"] == "fim"
+    assert out["tokens"]["generated"] <= 5 and out["layout"] == "efim"
     assert r.stderr == b""
 
 

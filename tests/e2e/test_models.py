@@ -100,7 +100,7 @@ def test_pull_by_name_check_use_then_complete(env, hub, tmp_path):
 
     out = json.loads(run(env, "models", "pull", "tiny-coder", "--json").stdout)
     assert out["path"] == str(tmp_path / "data" / "efim" / "models" / REPO / FILE)
-    assert (out["fim"], out["fim_source"], out["architecture"], out["layout"]) == (True, "gguf", "llama", "fim")
+    assert (out["fim"], out["fim_source"], out["architecture"], out["layout"]) == (True, "gguf", "llama", "efim")
     assert hub.gets == [f"{REPO}/{FILE}"]
     run(env, "models", "pull", "tiny-coder", "--json")  # already here: not fetched again
     assert hub.gets == [f"{REPO}/{FILE}"]
@@ -120,11 +120,11 @@ def test_pull_by_name_check_use_then_complete(env, hub, tmp_path):
     assert text.startswith(f'model = "{out["path"]}"\n') and "n_slots = 2" in text and "max_tokens = 6" in text
 
     st = json.loads(run(env, "status", "--json").stdout)
-    assert st["model"] == out["path"] and st["layout"] == "fim" and "fragment" in st["layout_reason"]
+    assert st["model"] == out["path"] and st["layout"] == "efim" and "not fragment-trained" in st["layout_reason"]
     doc = tmp_path / "a.py"
     doc.write_text("def add(a, b):\n    return a + b\n")
     done = json.loads(run(env, "complete", str(doc), "--line", "2", "--column", "5", "--json").stdout)
-    assert done["tokens"]["generated"] == 6 and done["layout"] == "fim" and done["via"] == "in-process"
+    assert done["tokens"]["generated"] == 6 and done["layout"] == "efim" and done["via"] == "in-process"
 
 
 def test_pull_hf_spec_and_bad_models(env, hub, tmp_path):

@@ -60,14 +60,14 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert req["files"][str(src)] == {"requests": 2, "hit_rate": 0.5, "cached_tokens": second["tokens"]["cached"],
                                       "prompt_tokens": 2 * second["tokens"]["prompt"]}
     text = cli(env, "daemon", "status").stdout.decode()
-    for want in ("KV f16/f16", "layout       fim: model not fragment-trained", "latency p50", "p95",
+    for want in ("KV f16/f16", "layout       efim: FIM tokens, not fragment-trained", "healing      on: ", "latency p50", "p95",
                  f" 50% hits     2 requests  {src}", "ram tier", "disk tier", "/ 512 MiB", "threads"):
         assert want in text, (want, text)
     assert re.search(rf"slot \d +\d+ tokens  {re.escape(str(src))}", text)
 
     # `efim status` is the daemon's, without loading the model in this process
     st = json.loads(cli(env, "status", "--json").stdout)
-    assert st["via"] == "daemon" and st["daemon_pid"] > 0 and st["layout"] == "fim" and "layout_reason" in st
+    assert st["via"] == "daemon" and st["daemon_pid"] > 0 and st["layout"] == "efim" and "layout_reason" in st and st["heal"] is True
 
     # options that need another engine never bypass the daemon silently
     r = cli(env, *args, "--threads", "1")
