@@ -47,9 +47,12 @@ class Converter:
         if units * width >= len(data):
             return len(cols)
         try:
-            return len(data[:units * width].decode(codec, "surrogatepass"))
-        except UnicodeDecodeError:
-            raise InvalidParams(f"invalid params: character {units} splits a character") from None
+            head = data[:units * width].decode(codec, "surrogatepass")
+        except UnicodeDecodeError:  # UTF-8: a cut multi-byte sequence
+            head = None
+        if head is None or (head and head[-1] != cols[len(head) - 1]):  # UTF-16: half a surrogate pair
+            raise InvalidParams(f"invalid params: character {units} splits a character")
+        return len(head)
 
     def to_units(self, cols: str, points: int) -> int:
         """Code points from the line's start -> code units."""
