@@ -59,7 +59,7 @@ def test_engine_dying_too_often_exits_nonzero_with_one_log_line(tmp_path, tiny_m
     d.start()
     for _ in range(4):
         with A.Raw(d.sock) as c:
-            assert "result" in c.call("_test/killEngine")
+            assert "result" in c.exchange("_test/killEngine")
         time.sleep(1.2)
     assert d.proc.wait(30) == 1
     err = d.proc.stderr.read().decode()
