@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -12,6 +11,9 @@ from typing import Callable
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+
+from ..errors import DocumentError
+from ..prompt.document import open_regular
 
 log = logging.getLogger("efim.daemon")
 IGNORED_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", "build", "dist",
@@ -30,14 +32,11 @@ def interesting(path: str, root: str) -> bool:
     if os.path.commonpath([real, root]) != root:
         return False
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)  # a FIFO never blocks
-    except OSError:
+        fd, st = open_regular(real, follow=False)
+    except (DocumentError, OSError):
         return False
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
-            return False
-        return b"\0" not in os.read(fd, 8192)
+        return st.st_size <= MAX_FILE_BYTES and b"\0" not in os.read(fd, 8192)
     except OSError:
         return False
     finally:

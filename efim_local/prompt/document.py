@@ -76,16 +76,14 @@ class LineIndex:
         self.text = self.text[:start] + new + self.text[end:]
 
 
-def read_source(path: str | Path, follow: bool = True) -> str:
-    """Read a UTF-8 source file, with one-line errors for the usual problems.
-
-    Only a regular file is read, and at most the document limit: a FIFO, a device such as
-    /dev/zero or a file that keeps growing is an error, never a hang or an unbounded read.
-    ``follow=False``: a symbolic link is an error too."""
+def open_regular(path: str | Path, follow: bool = True) -> tuple[int, os.stat_result]:
+    """A read-only descriptor on ``path`` and its stat, if it is a regular file (else a one-line
+    DocumentError). Opened with O_NONBLOCK: a FIFO never waits for a writer. ``follow=False``: a
+    symbolic link is an error too. The caller closes the descriptor."""
     p = Path(path)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(p, flags)  # O_NONBLOCK: opening a FIFO never waits for a writer
+        fd = os.open(p, flags)
     except FileNotFoundError:
         raise DocumentError(f"file not found: {p}") from None
     except PermissionError:
@@ -93,14 +91,23 @@ def read_source(path: str | Path, follow: bool = True) -> str:
     except OSError as e:
         what = "is a symbolic link" if e.errno == errno.ELOOP and not follow else f"cannot read ({e.strerror})"
         raise DocumentError(f"{what}: {p}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise DocumentError(f"{'is a directory' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}: {p}")
+    return fd, st
+
+
+def read_source(path: str | Path, follow: bool = True) -> str:
+    """Read a UTF-8 source file, with one-line errors for the usual problems.
+
+    Only a regular file is read (see open_regular), and at most the document limit: a FIFO, a
+    device such as /dev/zero or a file that keeps growing is an error, never a hang or an
+    unbounded read."""
+    fd, st = open_regular(path, follow)
     try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise DocumentError(f"is a directory: {p}")
-        if not stat.S_ISREG(st.st_mode):
-            raise DocumentError(f"not a regular file: {p}")
         if st.st_size > MAX_DOCUMENT_BYTES:
-            raise DocumentError(f"{p} is larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
+            raise DocumentError(f"{path} is larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
         chunks, n = [], 0
         while n <= MAX_DOCUMENT_BYTES:  # the file may grow while it is read
             chunk = os.read(fd, MAX_DOCUMENT_BYTES + 1 - n)
@@ -109,10 +116,10 @@ def read_source(path: str | Path, follow: bool = True) -> str:
             chunks.append(chunk)
             n += len(chunk)
     except OSError as e:
-        raise DocumentError(f"cannot read {p}: {e.strerror}") from None
+        raise DocumentError(f"cannot read {path}: {e.strerror}") from None
     finally:
         os.close(fd)
-    return decode(b"".join(chunks), str(p))
+    return decode(b"".join(chunks), str(path))
 
 
 def decode(data: bytes, name: str = "input") -> str:
