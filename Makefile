@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup run test test-fast bench bench-quick cuda server clean nvim model
+.PHONY: setup run test test-fast bench bench-quick cuda server clean nvim model install uninstall
 
 setup: $(STAMP)
 
@@ -92,6 +92,27 @@ bench-quick: setup server
 bench: setup server
 	$(PY) -m pip install -q -e '.[bench]'
 	$(VENV)/bin/efim bench
+
+# A user-level install: a virtualenv of its own in $(EFIM_HOME), `efim` linked into $(BINDIR) (on
+# most distributions already on PATH), and the systemd user unit pointing at it. Reruns upgrade.
+PREFIX ?= $(HOME)/.local
+EFIM_HOME ?= $(PREFIX)/share/efim
+BINDIR ?= $(PREFIX)/bin
+SYSTEMD_USER_DIR ?= $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/systemd/user
+install:
+	test -x $(EFIM_HOME)/venv/bin/python || $(PYTHON) -m venv $(EFIM_HOME)/venv
+	$(EFIM_HOME)/venv/bin/python -m pip install -q --disable-pip-version-check --upgrade .
+	rm -rf build
+	mkdir -p $(BINDIR) $(SYSTEMD_USER_DIR)
+	ln -sfn $(EFIM_HOME)/venv/bin/efim $(BINDIR)/efim
+	sed 's|^ExecStart=.*|ExecStart=$(BINDIR)/efim serve|' editors/systemd/efim.service > $(SYSTEMD_USER_DIR)/efim.service
+	@echo "efim installed: $(BINDIR)/efim -> $(EFIM_HOME)/venv ($$($(BINDIR)/efim --version))"
+	@case ":$$PATH:" in *":$(BINDIR):"*) ;; *) echo "add it to your PATH: export PATH=\"$(BINDIR):\$$PATH\"";; esac
+	@echo "daemon at login: systemctl --user daemon-reload && systemctl --user enable --now efim"
+
+uninstall:
+	rm -f $(BINDIR)/efim $(SYSTEMD_USER_DIR)/efim.service
+	rm -rf $(EFIM_HOME)/venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info
