@@ -177,7 +177,11 @@ class Connection:
         self.alive = True  # False: dropped, nothing more is sent
         self.closing = False  # the reader is done: the writer flushes what is queued, then closes
         self.writer = threading.Thread(target=self._write, name="efim-conn-writer", daemon=True)
-        self.writer.start()
+        try:
+            self.writer.start()
+        except RuntimeError:  # no more threads: this connection is refused, the caller closes sock
+            self.wsock.close()
+            raise
 
     def send(self, data: bytes) -> None:
         with self.cond:
