@@ -181,7 +181,13 @@ class Server:
                           send_timeout=test_hooks.seconds("SEND", SEND_TIMEOUT))
         with self.conns_lock:
             self.conns.add(conn)
-        threading.Thread(target=self._serve_connection, args=(conn,), name="efim-conn", daemon=True).start()
+        try:
+            threading.Thread(target=self._serve_connection, args=(conn,), name="efim-conn", daemon=True).start()
+        except RuntimeError:  # no more threads: give its place back
+            with self.conns_lock:
+                self.conns.discard(conn)
+            conn.close()
+            raise
 
     def _serve_connection(self, conn: Connection) -> None:
         try:
