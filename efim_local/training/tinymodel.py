@@ -38,17 +38,18 @@ def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def build(path: str | Path, vocab_size: int = 1024, seed: int = 0, fim_tokens: bool = True,
-          swa: int = 0) -> Path:
+          swa: int = 0, **shape) -> Path:
     """Build the tiny model at ``path`` (deterministic for a given Python stdlib).
 
-    ``swa > 0`` builds a Gemma-3-style model with that sliding window instead.
+    ``swa > 0`` builds a Gemma-3-style model with that sliding window instead; ``shape`` overrides
+    LlamaConfig fields (``n_embd``, ``n_layer``, ...: a larger file for tests that need one).
     """
     tok = bpe.train(read_texts(stdlib_files()), vocab_size, bpe.SPECIALS if fim_tokens else (bpe.EOT,))
     vocab = bpe.to_vocab(tok)
     if swa:
-        cfg = LlamaConfig(vocab_size=len(vocab.tokens), n_layer=6, arch="gemma3", n_swa=swa)
+        cfg = LlamaConfig(vocab_size=len(vocab.tokens), n_layer=6, arch="gemma3", n_swa=swa, **shape)
     else:
-        cfg = LlamaConfig(vocab_size=len(vocab.tokens))
+        cfg = LlamaConfig(vocab_size=len(vocab.tokens), **shape)
     return gguf_llama.write(path, cfg, random_weights(cfg, seed), vocab, name="efim-tiny-random")
 
 
