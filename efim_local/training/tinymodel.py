@@ -47,7 +47,7 @@ def build(path: str | Path, vocab_size: int = 1024, seed: int = 0, fim_tokens: b
     tok = bpe.train(read_texts(stdlib_files()), vocab_size, bpe.SPECIALS if fim_tokens else (bpe.EOT,))
     vocab = bpe.to_vocab(tok)
     if swa:
-        cfg = LlamaConfig(vocab_size=len(vocab.tokens), n_layer=6, arch="gemma3", n_swa=swa, **shape)
+        cfg = LlamaConfig(**{"vocab_size": len(vocab.tokens), "n_layer": 6, "arch": "gemma3", "n_swa": swa, **shape})
     else:
         cfg = LlamaConfig(vocab_size=len(vocab.tokens), **shape)
     return gguf_llama.write(path, cfg, random_weights(cfg, seed), vocab, name="efim-tiny-random")
