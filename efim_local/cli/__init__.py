@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from .. import __version__
 from .. import config as config_mod
 from ..errors import EfimError, one_line
 
@@ -48,7 +49,7 @@ def emit(obj, as_json: bool, text: str | None = None) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="efim-local")
+@click.version_option(__version__, package_name="efim-local")  # given: no importlib.metadata at start-up
 def main():
     """efim: fast local code completion with EFIM prompts and KV cache reuse.
 

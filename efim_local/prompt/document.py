@@ -6,10 +6,12 @@ import errno
 import os
 import stat
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..errors import DocumentError
+
+if TYPE_CHECKING:  # numpy is imported where it is used: `efim --version` and the CLI's daemon path skip it
+    import numpy as np
 
 MAX_DOCUMENT_BYTES = 8 * 1024 * 1024  # UTF-8 bytes
 FIND_LINES = 1000  # up to this line, str.find line by line is quicker than indexing the whole text
@@ -45,6 +47,8 @@ def _column(text: str, line: int, character: int, start: int, end: int) -> int:
 
 def _newlines(text: str) -> np.ndarray:
     """Offsets of the newlines in ``text`` (at C speed: one pass over its UTF-32 code units)."""
+    import numpy as np
+
     units = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     return np.flatnonzero(units == 10)
 
@@ -54,6 +58,8 @@ class LineIndex:
     edits positioned by (line, character) costs one pass over the text, not one per edit."""
 
     def __init__(self, text: str):
+        import numpy as np
+
         self.text = text
         self.starts = np.concatenate(([0], _newlines(text) + 1))
 
@@ -68,6 +74,8 @@ class LineIndex:
 
     def replace(self, start: int, end: int, new: str) -> None:
         """Replace ``text[start:end]`` with ``new``."""
+        import numpy as np
+
         first = int(np.searchsorted(self.starts, start, side="right"))  # lines starting after start...
         last = int(np.searchsorted(self.starts, end, side="right"))  # ...up to end are gone
         added = _newlines(new) + (start + 1) if "\n" in new else np.empty(0, dtype=self.starts.dtype)
