@@ -131,6 +131,7 @@ def read_lines(sock: socket.socket, idle_timeout: float | None = None,
         if not chunk:
             return
         buf += chunk
+        completed = False  # a frame ended: the next one's clock starts now (after its handling)
         while True:
             nl = buf.find(b"\n")
             if nl < 0:
@@ -142,6 +143,7 @@ def read_lines(sock: socket.socket, idle_timeout: float | None = None,
                 break
             line = bytes(buf[:nl])
             del buf[:nl + 1]
+            completed = True
             if skipping:
                 skipping = False
                 continue
@@ -152,7 +154,7 @@ def read_lines(sock: socket.socket, idle_timeout: float | None = None,
         partial = bool(buf) or skipping
         if not partial:
             frame_deadline = None
-        elif frame_deadline is None and frame_timeout is not None:
+        elif (frame_deadline is None or completed) and frame_timeout is not None:
             frame_deadline = time.monotonic() + frame_timeout
 
 

@@ -235,3 +235,35 @@ def test_accept_loop_survives_running_out_of_file_descriptors(tmp_path, tiny_mod
     finally:
         d.stop()
     assert b"Traceback" not in d.proc.stderr.read()
+
+
+def test_the_deadline_is_per_frame_not_per_connection():
+    """A client that pipelines frames without pause (a partial frame always in the buffer) is never
+    dropped: each frame has its own deadline."""
+    from efim_local.daemon.framing import read_lines
+
+    a, b = socket.socketpair()
+    stop = threading.Event()
+
+    def stream():
+        frame = b'{"jsonrpc": "2.0", "method": "status"}\n'
+        try:
+            while not stop.is_set():
+                a.sendall(frame[:10])
+                time.sleep(0.02)
+                a.sendall(frame[10:] + frame[:5])  # the next frame starts before this one is read
+                time.sleep(0.02)
+                a.sendall(frame[5:])
+        except OSError:
+            pass
+
+    threading.Thread(target=stream, daemon=True).start()
+    got, t0 = 0, time.monotonic()
+    for line in read_lines(b, idle_timeout=60, frame_timeout=0.3):
+        got += 1
+        if time.monotonic() - t0 > 1.5:
+            break
+    stop.set()
+    a.close()
+    b.close()
+    assert time.monotonic() - t0 > 1.5 and got > 10  # five frame deadlines passed, still connected
