@@ -38,8 +38,9 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def vscode(tmp_path, tiny_model):
-    """code-server on a free port with the extension installed; yields (url, workspace, socket)."""
+def vscode(request, tmp_path, tiny_model):
+    """code-server on a free port with the extension installed; yields (url, workspace, socket).
+    Indirect parametrization gives settings to change."""
     if not CODE_SERVER.exists() or not VSIX.exists():
         pytest.fail(f"{CODE_SERVER.name} or {VSIX.name} missing: run `make vscode`")
     ws, user, exts = tmp_path / "ws", tmp_path / "user", tmp_path / "exts"
@@ -61,7 +62,8 @@ def vscode(tmp_path, tiny_model):
         "editor.inlineSuggest.enabled": True, "editor.autoClosingBrackets": "never",
         "workbench.startupEditor": "none", "security.workspace.trust.enabled": False,
         "workbench.tips.enabled": False, "extensions.ignoreRecommendations": True,
-        "telemetry.telemetryLevel": "off", "update.mode": "none", "files.autoSave": "off"}))
+        "telemetry.telemetryLevel": "off", "update.mode": "none", "files.autoSave": "off",
+        **getattr(request, "param", {})}))
     base = [str(CODE_SERVER), "--user-data-dir", str(user), "--extensions-dir", str(exts)]
     inst = subprocess.run([*base, "--install-extension", str(VSIX)], env=env, capture_output=True, text=True,
                           timeout=120)
@@ -98,6 +100,29 @@ def vscode(tmp_path, tiny_model):
                 pass
 
 
+@pytest.fixture
+def page(vscode):
+    """Headless Chromium on code-server's workbench; skips only when the browser cannot start."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (make vscode installs it)")
+    with sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=chromium, headless=True,
+                                        args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        except Exception as e:  # noqa: BLE001 - the one reason to skip
+            pytest.skip(f"chromium cannot start: {one_line(str(e))[:200]}")
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(vscode[0])
+            page.wait_for_selector(".monaco-workbench .part.statusbar", timeout=60_000)
+            yield page
+        finally:
+            browser.close()
+
+
 def daemon_accepted(sock: Path) -> dict:
     from efim_local.daemon.client import Client
 
@@ -120,67 +145,57 @@ def wait_ghost(page, tmp_path: Path):
         pytest.fail("no ghost text; screenshot in " + str(tmp_path / "no-ghost.png") + "\n" + "\n".join(logs))
 
 
-def test_ghost_text_tab_and_next_word_in_code_server(vscode, tmp_path):
-    from playwright.sync_api import sync_playwright
-
+def test_ghost_text_tab_and_next_word_in_code_server(vscode, page, tmp_path):
     url, ws, sock = vscode
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("chromium is not installed (make vscode installs it)")
-    with sync_playwright() as p:
-        try:
-            browser = p.chromium.launch(executable_path=chromium, headless=True,
-                                        args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        except Exception as e:  # noqa: BLE001 - the one reason to skip
-            pytest.skip(f"chromium cannot start: {one_line(str(e))[:200]}")
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(url)
-            page.wait_for_selector(".monaco-workbench .part.statusbar", timeout=60_000)
-            # the extension's language client is up (its provider registered) when its status-bar item says so
-            page.wait_for_selector(".statusbar-item:has-text('efim: ready')", timeout=60_000)
-            page.keyboard.press("Control+P")
-            page.wait_for_selector(".quick-input-widget input", timeout=20_000)
-            page.keyboard.type("app.py")
-            page.wait_for_selector(".quick-input-list .monaco-list-row", timeout=20_000)
-            page.keyboard.press("Enter")
-            page.wait_for_selector(".monaco-editor .view-line", timeout=20_000)
-            page.click(".monaco-editor .view-lines")
-            page.keyboard.press("Control+End")
-            page.keyboard.type("x = gre", delay=30)
-            ghost = wait_ghost(page, tmp_path)
-            page.wait_for_timeout(300)  # let the suggestion settle before reading it
-            shown = "".join(e.text_content() for e in page.query_selector_all(GHOST)).replace("\u00a0", " ")
-            assert shown.strip(), "empty ghost text"
-            assert ghost.is_visible()
-            page.keyboard.press("Tab")
-            page.keyboard.press("Control+S")
-            deadline = time.monotonic() + 20
-            while (ws / "app.py").read_text() == SOURCE and time.monotonic() < deadline:
-                time.sleep(0.1)
-            saved = (ws / "app.py").read_text()
-            assert saved.startswith(SOURCE + "x = gre")
-            inserted = saved[len(SOURCE + "x = gre"):]
-            assert inserted == shown, (inserted, shown)  # Tab inserted exactly the ghost text
-            # the status bar shows the last latency and cache tier
-            item = page.locator(".statusbar-item:has-text('efim')").first.text_content()
-            assert "ms" in item, item
-            deadline = time.monotonic() + 10
-            while daemon_accepted(sock)["completions"] < 1 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert daemon_accepted(sock)["completions"] == 1  # the item's efim.accepted command ran
+    # the extension's language client is up (its provider registered) when its status-bar item says so
+    page.wait_for_selector(".statusbar-item:has-text('efim: ready')", timeout=60_000)
+    page.keyboard.press("Control+P")
+    page.wait_for_selector(".quick-input-widget input", timeout=20_000)
+    page.keyboard.type("app.py")
+    page.wait_for_selector(".quick-input-list .monaco-list-row", timeout=20_000)
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".monaco-editor .view-line", timeout=20_000)
+    page.click(".monaco-editor .view-lines")
+    page.keyboard.press("Control+End")
+    page.keyboard.type("x = gre", delay=30)
+    ghost = wait_ghost(page, tmp_path)
+    page.wait_for_timeout(300)  # let the suggestion settle before reading it
+    shown = "".join(e.text_content() for e in page.query_selector_all(GHOST)).replace("\u00a0", " ")
+    assert shown.strip(), "empty ghost text"
+    assert ghost.is_visible()
+    page.keyboard.press("Tab")
+    page.keyboard.press("Control+S")
+    deadline = time.monotonic() + 20
+    while (ws / "app.py").read_text() == SOURCE and time.monotonic() < deadline:
+        time.sleep(0.1)
+    saved = (ws / "app.py").read_text()
+    assert saved.startswith(SOURCE + "x = gre")
+    inserted = saved[len(SOURCE + "x = gre"):]
+    assert inserted == shown, (inserted, shown)  # Tab inserted exactly the ghost text
+    # the status bar shows the last latency and cache tier
+    item = page.locator(".statusbar-item:has-text('efim')").first.text_content()
+    assert "ms" in item, item
+    deadline = time.monotonic() + 10
+    while daemon_accepted(sock)["completions"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert daemon_accepted(sock)["completions"] == 1  # the item's efim.accepted command ran
 
-            # next word: a new line, a new ghost, Ctrl+Right takes its first word
-            page.keyboard.press("End")
-            page.keyboard.press("Enter")
-            page.keyboard.type("y = gre", delay=30)
-            wait_ghost(page, tmp_path)
-            page.wait_for_timeout(300)
-            page.keyboard.press("Control+ArrowRight")
-            deadline = time.monotonic() + 10
-            while daemon_accepted(sock)["partial"] < 1 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            acc = daemon_accepted(sock)
-            assert acc["partial"] + acc["completions"] >= 2 and acc["accepted_chars"] > len(inserted), acc
-        finally:
-            browser.close()
+    # next word: a new line, a new ghost, Ctrl+Right takes its first word
+    page.keyboard.press("End")
+    page.keyboard.press("Enter")
+    page.keyboard.type("y = gre", delay=30)
+    wait_ghost(page, tmp_path)
+    page.wait_for_timeout(300)
+    page.keyboard.press("Control+ArrowRight")
+    deadline = time.monotonic() + 10
+    while daemon_accepted(sock)["partial"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    acc = daemon_accepted(sock)
+    assert acc["partial"] + acc["completions"] >= 2 and acc["accepted_chars"] > len(inserted), acc
+
+
+@pytest.mark.parametrize("vscode", [{"efim.path": "/nonexistent/bin/efim"}], indirect=True)
+def test_missing_efim_gets_a_clear_message(vscode, page):
+    toast = page.wait_for_selector(".notifications-toasts :text('was not found')", timeout=60_000)
+    assert "/nonexistent/bin/efim" in toast.text_content() and "efim.path" in toast.text_content()
+    assert page.locator(".statusbar-item:has-text('efim: not found')").count() == 1
