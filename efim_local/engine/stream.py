@@ -16,6 +16,7 @@ class StopRules:
 
 
 OPENERS = {")": "(", "]": "[", "}": "{"}
+MIN_MARKER_TAIL = 2  # at the end of the stream, a tail this long that begins a stop string is dropped
 
 
 class TextStream:
@@ -67,8 +68,10 @@ class TextStream:
             self.text = buf[:max(cut, len(self.text))]
             self._pending = ""
             return out
-        hold = 0 if final else _held_back(buf, self.rules.stop_strings)
-        keep = len(buf) - hold
+        hold = _held_back(buf, self.rules.stop_strings)
+        if final and hold < MIN_MARKER_TAIL:
+            hold = 0  # the stream ended on one character of a marker: more likely code ("a <") than a marker
+        keep = len(buf) - hold  # final: a longer tail ("</MI") was a marker cut short, never shown
         out = buf[len(self.text):keep] if keep > len(self.text) else ""
         self.text = buf[:max(keep, len(self.text))]
         self._pending = buf[len(self.text):]

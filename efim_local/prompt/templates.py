@@ -119,4 +119,18 @@ def parse_text_template(spec: str) -> TextTemplate:
     if len(parts) not in (3, 4) or not all(parts[:3]):
         raise TemplateError("a text template is 'PRE,SUF,MID[,psm|spm]', e.g. '<PRE>,<SUF>,<MID>'")
     order = parse_order(parts[3]) if len(parts) == 4 else "psm"
-    return TextTemplate(parts[0], parts[1], parts[2], order, stop=(parts[0], parts[1], parts[2]))
+    return TextTemplate(parts[0], parts[1], parts[2], order, stop=text_stops(parts[:3]))
+
+
+END_MARKERS = ("<END>", "<EOT>")  # ends a model without FIM training invents after a tag-like middle
+
+
+def text_stops(markers) -> tuple[str, ...]:
+    """Stop strings for text markers: the markers, the closing form of tag-like ones (``</MID>``
+    for ``<MID>``: a model that has seen markup closes what it opened), and common end markers."""
+    stops = list(markers)
+    tags = [m for m in markers if len(m) > 2 and m[0] == "<" and m[-1] == ">" and m[1] != "/"]
+    stops += ["</" + m[1:] for m in tags]
+    if tags:
+        stops += [e for e in END_MARKERS if e not in stops]
+    return tuple(stops)

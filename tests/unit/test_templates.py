@@ -69,7 +69,10 @@ def test_no_fim_tokens_at_all_is_a_one_line_error():
 def test_text_templates():
     t = templates.resolve(Vocab(bos=(1,)), text=templates.parse_text_template("<P>,<S>,<M>"))
     assert t.source == "text" and t.markers == Markers((60, 80, 62), (60, 83, 62), (60, 77, 62), "psm", (1,))
-    assert t.stop_strings == ("<P>", "<S>", "<M>") and t.stop_tokens == frozenset()
+    # the markers, their closing forms and end markers a model without FIM training invents
+    assert t.stop_strings == ("<P>", "<S>", "<M>", "</P>", "</S>", "</M>", "<END>", "<EOT>")
+    assert t.stop_tokens == frozenset()
+    assert templates.parse_text_template("PRE,SUF,MID").stop == ("PRE", "SUF", "MID")  # not tag-like
     assert templates.parse_text_template("a,b,c,SPM").order == "spm"
 
 
