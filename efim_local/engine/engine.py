@@ -242,10 +242,13 @@ class Engine:
                       should_stop=should_stop, chunk=self.idle_chunk, idle=True)
 
     def calibrate(self, should_stop=None, n: int = 64) -> None:
-        """Idle work: measure prefill speed at two context sizes (for the latency budget).
+        """Idle work: measure prefill speed at two context sizes (for the latency budget), and build
+        the token healer's index.
 
         Uses an empty slot (none: the requests so far have measured it) and leaves it empty; it is
         not a request, so nothing is counted or saved."""
+        if self.default_heal:
+            self.decoder.healer  # noqa: B018 - built now, not on the first keystroke (it reads the vocabulary)
         slot = next((s for s in self.slots.slots if not len(s.tokens)), None)
         if self.speed.known or slot is None:
             return
