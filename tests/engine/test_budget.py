@@ -180,3 +180,13 @@ def test_a_budgeted_reanchor_tokenizes_the_file_once(engine, monkeypatch):
     out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100))
     assert out.context["reduced"]
     assert sum(n > 1000 for n in calls) == 2, calls  # the prefix and the suffix, once each
+
+
+def test_calibration_measures_speed_and_builds_the_healer(tiny_model):
+    """The daemon's start-up idle task: after it, the budget knows the speed and the first keystroke
+    does not build the healer's vocabulary index; it leaves every slot empty."""
+    with Engine(small_config(), tiny_model) as e:
+        assert not e.speed.known and e.decoder._healer is None and e.default_heal
+        e.calibrate()
+        assert e.speed.known and e.decoder._healer is not None
+        assert all(len(s.tokens) == 0 for s in e.slots.slots)
