@@ -218,12 +218,14 @@ class StateStore(Tiers):
         except (OSError, StoreError) as e:
             if isinstance(e, StateFileError):
                 raise
-            key = (what, getattr(e, "errno", None) or type(e).__name__)
-            if key not in self._warned:
-                self._warned.add(key)
-                log.warning("state store %s: %s failed (%s); serving on without it", self.dir, what,
-                            one_line(str(e)))
+            self._warn_once(what, e)
             return None
+
+    def _warn_once(self, what: str, e: Exception) -> None:
+        key = (what, getattr(e, "errno", None) or type(e).__name__)
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("state store %s: %s failed (%s); serving on without it", self.dir, what, one_line(str(e)))
 
     def close(self) -> None:
         self.flush_counts()
@@ -292,9 +294,7 @@ class StateStore(Tiers):
         try:
             return self._lookup(tokens, path, content_hash, shrunk)
         except StoreError as e:
-            if ("lookup", "index") not in self._warned:
-                self._warned.add(("lookup", "index"))
-                log.warning("state store %s: lookup failed (%s)", self.dir, one_line(str(e)))
+            self._warn_once("lookup", e)
             return Lookup(None, "no_state")
 
     def _lookup(self, tokens, path, content_hash, shrunk) -> Lookup:
@@ -495,13 +495,17 @@ class StateStore(Tiers):
 
     def stats(self) -> dict:
         self.flush_counts()
-        rows = self.index.rows()
+        try:
+            rows, saved = self.index.rows(), self.index.counters()
+        except StoreError as err:  # an index that fails now: report what is in memory (status must answer)
+            self._warn_once("index read", err)
+            rows, saved = [self._row(e, "ram", len(e.payload)) for e in self.ram.values()], {}
         tiers = {t: {"states": sum(r["tier"] == t for r in rows),
                      "bytes": sum(r["bytes"] for r in rows if r["tier"] == t)}
                  for t in ("ram", "disk")}
         tiers["ram"]["budget_bytes"] = int(self.cfg.ram_mb * MB)
         tiers["disk"]["budget_bytes"] = int(self.cfg.disk_mb * MB)
-        c = Counter(self.index.counters()) + self.counts  # what a refusing disk kept in memory
+        c = Counter(saved) + self.counts  # with what a refusing disk kept in memory
         return {
             "dir": str(self.dir), "tiers": tiers,
             "hits": {t: c.get(f"hit_{t}", 0) for t in ("slot", "ram", "disk")},
