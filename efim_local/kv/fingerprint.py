@@ -1,10 +1,11 @@
 """What makes a saved state usable: the same model, the same KV layout.
 
-The model fingerprint is a sha256 over the whole GGUF file: header, metadata and every byte of
-tensor data, so two fine-tunes of one base model (same size, same metadata) never share it. GGUF
-has no standard content hash in its metadata (``general.uuid`` is optional and not tied to the
-data), so efim computes one: ~0.5 s per GB from the page cache here, once per file. The result is
-cached in the state store by (device, inode, size, mtime_ns), so a restart does not rehash.
+The model fingerprint is a sha256 over the whole GGUF file (a hash of its 64 MiB chunks' sha256s,
+computed in parallel): header, metadata and every byte of tensor data, so two fine-tunes of one
+base model (same size, same metadata) never share it. GGUF has no standard content hash in its
+metadata (``general.uuid`` is optional and not tied to the data), so efim computes one, once per
+file (docs/reliability.md has its cost). The result is cached in the state store by (device,
+inode, size, mtime_ns), so a restart does not rehash.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,7 +30,8 @@ CACHE_MAX_BYTES = 1 << 20
 
 
 def hash_file(path: str | Path) -> bytes:
-    """sha256 over the efim fingerprint version, the file size and the whole file (mmap, 64 MiB chunks)."""
+    """sha256 over the fingerprint version, the file size and the sha256 of each 64 MiB chunk of
+    the file, the chunks hashed in parallel over a read-only map (hashlib releases the GIL)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         h = hashlib.sha256(VERSION)
@@ -37,8 +40,10 @@ def hash_file(path: str | Path) -> bytes:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                 view = memoryview(m)
                 try:
-                    for off in range(0, size, CHUNK):
-                        h.update(view[off:off + CHUNK])
+                    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+                        for d in pool.map(lambda off: hashlib.sha256(view[off:off + CHUNK]).digest(),
+                                          range(0, size, CHUNK)):
+                            h.update(d)
                 finally:
                     view.release()
     return h.digest()
