@@ -1,0 +1,132 @@
+"""First suggestion in a newly opened file, through the Neovim plugin (editors/nvim).
+
+A real daemon and a real headless Neovim with the plugin, driven over Neovim's RPC. For 2 x `--files`
+standard-library files (different files: nothing cached from the one before), Neovim
+opens the file, puts the cursor two thirds down, and types one character. Measured from the key
+(the plugin's extmarks polled over RPC): the first streamed text on screen (`first_text_ms`) and
+the whole ghost with the plugin's info line (`ghost_ms`; the info gives the daemon's time, prompt
+tokens evaluated and cache tier). Files alternate between two ways:
+
+- `typed at once`: the key right after `:edit` (what the daemon's idle prefill managed by then),
+- `after a pause`: the key after the cursor rested on the line and the daemon went idle (the
+  plugin's `didOpen` and `cursor` notifications prefilled the file and the plan there).
+
+The plugin's debounce is set to 0 here: add `debounce_ms` (150 by default) for what a user waits.
+
+    python scripts/bench_nvim.py                     # the bundled default model
+    python scripts/bench_nvim.py --model gemma --files 3
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from efim_local.bench import util as bu
+from efim_local.daemon.client import Client
+from efim_local.training.corpus import stdlib_files
+
+ROOT = Path(__file__).resolve().parent.parent
+INFO = re.compile(r"efim (\d+) ms, (\d+) evaluated, (\w+)")
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--model", default="default", help="'default', 'gemma' or a GGUF path")
+ap.add_argument("--files", type=int, default=5)
+ap.add_argument("--min-chars", type=int, default=40_000, help="smallest file to use")
+ap.add_argument("--max-tokens", type=int, default=16)
+ap.add_argument("--nvim", default=shutil.which("nvim"), help="the Neovim binary")
+args = ap.parse_args()
+if not args.nvim:
+    raise SystemExit("nvim not found (apt-get install neovim)")
+
+import pynvim  # noqa: E402 - after the argument check (the test extras install it)
+
+proc, sock = bu.spawn_daemon(*bu.bench_model(args.model))
+files = [p for p in stdlib_files(limit_bytes=50_000_000) if p.stat().st_size >= args.min_chars][:2 * args.files]
+tmp = Path(tempfile.mkdtemp(prefix="efim-bench-nvim-"))
+listen = tmp / "nvim.sock"
+nv_proc = subprocess.Popen([args.nvim, "--headless", "-u", "NONE", "-i", "NONE", "--listen", str(listen),
+                            "--cmd", f"set rtp+={ROOT / 'editors' / 'nvim'}"], cwd=tmp,
+                           env=dict(os.environ, EFIM_SOCKET=str(sock)),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while not listen.exists():
+    time.sleep(0.02)
+nv = pynvim.attach("socket", path=str(listen))
+nv.command("filetype on")
+nv.exec_lua(f'require("efim").setup({{ debounce_ms = 0, max_tokens = {args.max_tokens}, info = true,'
+            ' cursor_debounce_ms = 100 })')
+
+
+def idle(c: Client, timeout=120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while c.call("status")["idle_tasks"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def first_ghost(path: Path, pause: bool, c: Client) -> dict:
+    nv.command("stopinsert")
+    nv.command(f"edit {path}")
+    n = len(nv.current.buffer)
+    row = 2 * n // 3
+    nv.current.window.cursor = (row, 0)
+    if pause:
+        nv.command("doautocmd CursorMoved")  # (headless Neovim fires no cursor events by itself)
+        time.sleep(0.3)
+        idle(c)
+    nv.input("A")
+    t0 = time.perf_counter()
+    nv.input("x")
+    deadline, first, info = t0 + 120, None, None
+    while info is None and time.perf_counter() < deadline:  # the info line comes with the reply
+        marks = nv.exec_lua('return vim.api.nvim_buf_get_extmarks(0, vim.api.nvim_get_namespaces()["efim"], 0, -1,'
+                            ' {details = true})')
+        if marks and first is None:
+            first = (time.perf_counter() - t0) * 1000
+        chunks = [ch[0] for m in marks for line in [m[3]["virt_text"], *m[3].get("virt_lines", [])] for ch in line]
+        info = next((INFO.search(ch) for ch in chunks if INFO.search(ch)), None)
+        time.sleep(0.003)
+    wall = (time.perf_counter() - t0) * 1000
+    nv.input("<Esc>")
+    idle(c)
+    num = lambda i: float(info.group(i)) if info else float("nan")  # noqa: E731
+    return {"file": path.name, "lines": n, "mode": "after a pause" if pause else "typed at once",
+            "first_text_ms": first if first is not None else float("nan"), "ghost_ms": wall,
+            "daemon_ms": num(1), "evaluated": int(num(2)) if info else -1, "tier": info.group(3) if info else "?"}
+
+
+rows = []
+load_before = os.getloadavg()
+with Client(sock, timeout=300) as c:
+    for i, src in enumerate(files):
+        copy = tmp / f"{i}_{src.name}"
+        shutil.copy(src, copy)
+        rows.append(first_ghost(copy, pause=i % 2 == 1, c=c))
+        print(bu.table(rows[-1:], list(rows[-1])), flush=True)
+try:
+    nv.command("qa!")
+except EOFError:  # (it quit before answering)
+    pass
+nv_proc.wait(10)
+with Client(sock) as c:
+    c.call("shutdown")
+proc.wait(30)
+
+summary = []
+for mode in ("typed at once", "after a pause"):
+    rs = [r for r in rows if r["mode"] == mode]
+    col = lambda key, rs=rs: [r[key] for r in rs]  # noqa: E731
+    summary.append({"mode": mode, "files": len(rs), "first_text_ms_p50": bu.pctl(col("first_text_ms"), 0.5),
+                    "ghost_ms_p50": bu.pctl(col("ghost_ms"), 0.5), "ghost_ms_max": max(col("ghost_ms")),
+                    "evaluated_p50": bu.pctl(col("evaluated"), 0.5), "tiers": ",".join(sorted(set(col("tier"))))})
+print()
+print(bu.table(rows, list(rows[0])))
+print()
+print(bu.table(summary, list(summary[0])))
+print(f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores)")
+name = Path(args.model).stem if args.model not in ("default", "gemma") else args.model
+print("saved", bu.save(f"nvim-first-ghost-{name}", {"args": vars(args), "rows": rows, "summary": summary,
+                                                     "load_before": load_before}))
