@@ -201,7 +201,7 @@ class StateStore(Tiers):
                        "created": st.st_mtime, "last_used": st.st_mtime, "hits": 0, "owner": 0,
                        "kept": 1.0 if cells >= len(toks) else cells / max(1, len(toks))}, toks)
             n += 1
-        log.warning("state index rebuilt: %d states", n)
+        log.info("state index rebuilt: %d states", n)
         return n
 
     def _max_file_bytes(self) -> int:
