@@ -54,14 +54,14 @@ class Reuse:
         ``idle`` work never cuts the KV a slot holds beyond the shared prefix (see fork())."""
         if idle and not cold:
             self.fork(prompt, path)
-        slot, n_common = self.slots.pick(prompt)
+        slot, n_common = self.slots.pick(prompt, path)
         if slot.sparse and (not want_sparse or cold):  # approximate KV never serves an exact request
             self.clear(slot)
             n_common = 0
         # The same prompt again leaves the KV as it was: nothing new to save.
         same = n_common == len(prompt) == len(slot.tokens)
-        if slot.dirty and slot.path != path:
-            self.save(slot)  # the slot is about to serve another file: keep its state
+        if slot.dirty and (slot.path != path or n_common < self.slots.min_reuse):
+            self.save(slot)  # the slot is about to serve another file, or another plan of this one: keep its state
         if cold:
             return Start(slot, 0, "none", same=same)
         tier = "slot" if n_common >= self.slots.min_reuse else "none"

@@ -42,11 +42,14 @@ class SlotManager:
         self.slots = [Slot(seq=i) for i in range(n_slots)]
         self.min_reuse = min_reuse
 
-    def pick(self, tokens: np.ndarray) -> tuple[Slot, int]:
+    def pick(self, tokens: np.ndarray, path: str | None = None) -> tuple[Slot, int]:
         scored = [(common_prefix(s.tokens, tokens), s) for s in self.slots]  # numpy per slot
         n, slot = max(scored, key=lambda x: (x[0], -x[1].last_used))
         if n < min(self.min_reuse, len(tokens)):
-            n, slot = min(scored, key=lambda x: (len(x[1].tokens) > 0, x[1].last_used))
+            # The file's own slot first (one file never takes a second slot), then an empty one, then
+            # the least recently used.
+            n, slot = min(scored, key=lambda x: (path is None or x[1].path != path, len(x[1].tokens) > 0,
+                                                 x[1].last_used))
         return slot, n
 
     def spare(self, exclude: int) -> Slot | None:

@@ -118,3 +118,25 @@ def test_log_file_rotates_and_is_private(tmp_path, monkeypatch):
     os.symlink(target, link)
     with pytest.raises(ConfigError):
         logs.PrivateRotatingFileHandler(link)
+
+
+def test_cache_tier_agrees_with_cached_tokens(tmp_path, tiny_model):
+    """Every answer, streamed or not, says where its cached tokens came from: ``cached > 0`` exactly
+    when ``cache_tier`` is not "none" (a streamed answer once said 13 cached from tier "none": a
+    reuse shorter than the slot manager's threshold). Short reuses must occur for this to test it."""
+    from tests.helpers import Daemon
+
+    d = Daemon(tmp_path, tiny_model, "--n-ctx", "512").start()
+    seen = []
+    try:
+        with d.client() as c:
+            docs = ["x = 1\n", "def f(a):\n    return a\n", "import os\nprint(os.getcwd())\n", "y = 2\nz = 3\n"]
+            for i, text in enumerate(docs * 3):
+                for stream in (True, False):
+                    out = c.call("complete", {"path": f"/w/f{i % 5}.py", "text": text, "offset": len(text),
+                                              "max_tokens": 3, "stream": stream}, on_notification=lambda m: None)
+                    seen.append((out["tokens"]["cached"], out["cache_tier"]))
+    finally:
+        d.stop()
+    assert [(n, t) for n, t in seen if (n > 0) != (t != "none")] == []
+    assert any(0 < n < 16 for n, _ in seen) and any(n == 0 for n, _ in seen)
