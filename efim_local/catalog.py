@@ -2,7 +2,8 @@
 
 The table starts from llama.cpp's own ``--fim-qwen-*`` presets (common/arg.cpp) and adds the other
 FIM families efim has templates for. Sizes are the GGUF file's; ``ram_mb`` is what serving it takes
-with efim's default context (4 slots x 4096 tokens). ``EFIM_KNOWN_MODELS`` names a JSON file of
+with efim's default context (4 slots x 4096 tokens). The layout each gets is the engine's rule
+(engine/models.py choose_layout), not a column of this table. ``EFIM_KNOWN_MODELS`` names a JSON file of
 extra entries (a list of objects with the same fields), which take precedence over the table.
 
 Nothing here loads llama.cpp: the GGUF check reads metadata with the ``gguf`` package.
@@ -28,7 +29,6 @@ class KnownModel:
     params: str  # parameter count, e.g. "1.5B"
     size_mb: int  # the file
     ram_mb: int  # serving it: weights, 4 x 4096 tokens of KV, buffers
-    layout: str = "fim"  # what suits it: "efim" needs fragment training to continue partial words
     revision: str = "main"
 
 
@@ -120,8 +120,13 @@ def installed() -> list[dict]:
 
 def listing() -> dict:
     """``efim models list``: known models (with whether each is here) and every installed file."""
+    from .engine.models import choose_layout
+
     here = {Path(i["path"]) for i in installed()}
-    known = [{**asdict(m), "installed": local_path(m) in here, "path": str(local_path(m))} for m in known_models()]
+    # Every known model has FIM tokens and no fragment training: the engine's rule gives its layout.
+    layout = choose_layout(lambda key: None, None)[0]
+    known = [{**asdict(m), "layout": layout, "installed": local_path(m) in here, "path": str(local_path(m))}
+             for m in known_models()]
     return {"dir": str(models_dir()), "known": known, "installed": installed()}
 
 

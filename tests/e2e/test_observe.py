@@ -45,12 +45,15 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     second = json.loads(cli(env, *args).stdout)
     assert second["via"] == "daemon" and second["cache_tier"] == "slot"
 
+    st = json.loads(cli(env, "daemon", "status", "--json").stdout)
+    layout, why = st["layout"], st["layout_reason"]
     logs = cli(env, "daemon", "logs").stdout.decode()
     lines = [ln for ln in logs.splitlines() if " complete " in ln]
     assert len(lines) == 2 and all(re.match(STAMP + " INFO efim.daemon: complete ", ln) for ln in lines)
-    assert f"complete {src} layout=fim cached=0 evaluated=" in lines[0] and "tier=none reanchor=new_session" in lines[0]
+    assert f"complete {src} layout={layout} cached=0 evaluated=" in lines[0]
+    assert "tier=none reanchor=new_session" in lines[0]
     assert "cached=" in lines[1] and "evaluated=1 generated=3 tier=slot reanchor=- " in lines[1]
-    assert re.search(r"first request: layout fim \(model not fragment-trained", logs)
+    assert f"first request: layout {layout} ({why})" in logs
     assert "DEBUG" not in logs and "watchdog" not in logs  # no library chatter without -v
     assert cli(env, "daemon", "logs", "-n", "1").stdout.decode().count("\n") == 1
 
