@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(config, items):
 def _isolated_home(tmp_path_factory):
     """Keep tests away from the user's config, cache and state."""
     home = tmp_path_factory.mktemp("home")
-    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
+    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_DATA_HOME"):
         os.environ[var] = str(home / var.lower())
     for var in ("EFIM_MODEL", "EFIM_CONFIG", "EFIM_SOCKET"):
         os.environ.pop(var, None)
