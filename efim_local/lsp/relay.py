@@ -1,9 +1,11 @@
 """The LSP server's connection to the shared daemon (asyncio; many requests in flight).
 
-``send`` and ``request`` write at once, without awaiting, so messages reach the daemon in the order
-the editor sent them; until the connection is up they wait in an outbox, in order. When the daemon
-goes away, pending requests fail with ``DaemonUnavailable`` and the next message reconnects (starting
-the daemon when ``start`` is set) and replays ``on_connect`` (the open documents) first.
+``notify`` and ``request`` write at once, without awaiting, so messages reach the daemon in the order
+the editor sent them; until the connection is up they wait in an outbox, in order. A new connection
+(the first, or after the daemon went away: pending requests then fail with ``DaemonUnavailable``)
+starts the daemon when ``start`` is set, runs ``on_connect`` first (it opens the documents as they
+are now), and then sends the outbox without its document-sync messages (``sync=True``): the
+documents already hold those edits, and an edit sent twice would apply twice.
 """
 
 from __future__ import annotations
@@ -33,31 +35,33 @@ class Relay:
         self.on_connect, self.on_notification = on_connect, on_notification
         self.ids = itertools.count(1)
         self.pending: dict[int, asyncio.Future] = {}
-        self.outbox: list[bytes] = []
+        self.outbox: list[tuple[bytes, int | None]] = []  # (frame, its id if a sync request, -1 if a sync notification)
         self.writer: asyncio.StreamWriter | None = None
         self.connecting: asyncio.Task | None = None
         self.error: str | None = None  # why the last connection attempt failed
 
     # -- sending ----------------------------------------------------------------------------
-    def request(self, method: str, params: dict) -> tuple[int, asyncio.Future]:
-        """Send a request now; returns its id and the future of its result."""
+    def request(self, method: str, params: dict, sync: bool = False) -> tuple[int, asyncio.Future]:
+        """Send a request now; returns its id and the future of its result. ``sync``: a document-sync
+        message, answered None without being sent when a new connection replays the documents."""
         rid = next(self.ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending[rid] = fut
-        self._write(request(rid, method, params))
+        self._write(request(rid, method, params), rid if sync else None)
         return rid, fut
 
     async def call(self, method: str, params: dict) -> Any:
         return await self.request(method, params)[1]
 
-    def notify(self, method: str, params: dict) -> None:
-        self._write(json.dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode() + b"\n")
+    def notify(self, method: str, params: dict, sync: bool = False) -> None:
+        self._write(json.dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode() + b"\n",
+                    -1 if sync else None)
 
-    def _write(self, frame: bytes) -> None:
+    def _write(self, frame: bytes, sync_id: int | None = None) -> None:
         if self.writer is not None and not self.writer.is_closing():
             self.writer.write(frame)
             return
-        self.outbox.append(frame)
+        self.outbox.append((frame, sync_id))
         if self.connecting is None or self.connecting.done():
             self.connecting = asyncio.get_running_loop().create_task(self._connect())
 
@@ -85,9 +89,12 @@ class Relay:
         self.writer = writer
         outbox, self.outbox = self.outbox, []
         if self.on_connect:
-            self.on_connect()  # writes the replayed documents before the waiting messages
-        for frame in outbox:
-            writer.write(frame)
+            self.on_connect()  # writes the documents as they are now, before the waiting messages
+        for frame, sync_id in outbox:
+            if sync_id is None or not self.on_connect:
+                writer.write(frame)
+            elif (fut := self.pending.pop(sync_id, None)) is not None and not fut.done():
+                fut.set_result(None)  # covered by the replay
         asyncio.get_running_loop().create_task(self._read(reader, writer))
 
     def _start_daemon(self) -> None:

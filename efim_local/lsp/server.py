@@ -32,7 +32,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 from pygls.uris import to_fs_path
 
-from ..errors import CANCELLED, EfimError, InvalidParams, one_line
+from ..errors import CANCELLED, DaemonUnavailable, EfimError, InvalidParams, one_line
 from .relay import Relay
 from .text import Converter, Doc
 
@@ -123,7 +123,6 @@ class EfimServer(LanguageServer):
         self.roots: list[str] = []
         self.conv = Converter()
         self.relay: Relay | None = None
-        self.inflight: dict[str, asyncio.Task] = {}  # uri -> its running inline request
         self.completion_ids = itertools.count(1)
         self.model: str | None = None
 
@@ -159,14 +158,14 @@ class EfimServer(LanguageServer):
         went astray), it gets the whole text again."""
         if self.relay is None:
             return
-        _, fut = self.relay.request(method, params)
+        _, fut = self.relay.request(method, params, sync=True)
         fut.add_done_callback(lambda f: self.resync(uri, f))
 
     def resync(self, uri: str, fut: asyncio.Future) -> None:
         err = fut.exception() if not fut.cancelled() else None
         if isinstance(err, InvalidParams) and uri in self.docs:
             log.warning("efim: resyncing %s (%s)", uri, err)
-            self.relay.request("didOpen", self.open_params(uri))[1].add_done_callback(_quiet)
+            self.relay.request("didOpen", self.open_params(uri), sync=True)[1].add_done_callback(_quiet)
 
     def open_params(self, uri: str) -> dict:
         doc, path = self.docs[uri], self.path(uri)
@@ -215,7 +214,7 @@ class EfimServer(LanguageServer):
     def did_close(self, params: t.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
         if self.docs.pop(uri, None) is not None and self.relay is not None:
-            self.relay.notify("didClose", {"path": self.path(uri)})
+            self.relay.notify("didClose", {"path": self.path(uri)}, sync=True)
 
     # -- completion -----------------------------------------------------------------------------
     async def inline_completion(self, params: t.InlineCompletionParams) -> t.InlineCompletionList | None:
@@ -235,20 +234,8 @@ class EfimServer(LanguageServer):
             p["max_tokens"] = self.settings.max_tokens
         if self.settings.max_lines:
             p["max_lines"] = self.settings.max_lines
-        task = asyncio.current_task()
-        self.inflight[uri] = task
         started = time.perf_counter()
-        rid, fut = self.relay.request("complete", p)  # the daemon supersedes ``prev`` (same path)
-        try:
-            result = await fut
-        except asyncio.CancelledError:  # $/cancelRequest
-            self.relay.notify("cancel", {"id": rid})
-            raise
-        except EfimError as e:
-            raise lsp_error(e) from None
-        finally:
-            if self.inflight.get(uri) is task:
-                del self.inflight[uri]
+        result = await self.complete(p)
         answered = time.perf_counter()
         self.status(result, (answered - received) * 1000, (answered - started) * 1000)
         text = result.get("text") or ""
@@ -264,6 +251,25 @@ class EfimServer(LanguageServer):
             command=t.Command(title="efim: accepted", command=ACCEPTED_COMMAND,
                               arguments=[{"uri": uri, "id": cid, "text": text}]))
         return t.InlineCompletionList(items=[item])
+
+    async def complete(self, params: dict) -> dict:
+        """The daemon's ``complete``. A newer one for the same path supersedes it (cancel-previous);
+        when the daemon went away meanwhile (a restart), it is asked again once, after the relay
+        reconnected and opened the documents again."""
+        for attempt in (0, 1):
+            rid, fut = self.relay.request("complete", params)
+            try:
+                return await fut
+            except asyncio.CancelledError:  # $/cancelRequest
+                self.relay.notify("cancel", {"id": rid})
+                raise
+            except DaemonUnavailable as e:
+                if attempt or self.relay.error is not None:  # not a dropped connection: no daemon at all
+                    raise lsp_error(e) from None
+                log.warning("efim: %s; asking again", e)
+            except EfimError as e:
+                raise lsp_error(e) from None
+        raise AssertionError("unreachable")
 
     def status(self, result: dict, latency_ms: float, daemon_rtt_ms: float) -> None:
         """``latency_ms``: from the request's arrival here to its answer; ``daemon_rtt_ms``: the

@@ -81,12 +81,15 @@ def edit(client, version, start, end, text, uri=URI):
             range=t.Range(t.Position(*start), t.Position(*end)), text=text)]))
 
 
-def daemon_agrees(daemon, text, line, character, got):
+def daemon_agrees(daemon, text, line, character, got, path="/work/proj/app.py", max_tokens=6):
     """The daemon completes ``text`` at the same place of the same file as the LSP's request did, with
-    no re-anchoring (its synced copy was exactly ``text``), to the same text."""
-    with daemon.client() as c:
-        res = c.call("complete", {"path": "/work/proj/app.py", "text": text,
-                                  "position": {"line": line, "character": character}, "max_tokens": 6})
+    no re-anchoring (its synced copy was exactly ``text``), to the same text. ``daemon``: a Daemon or
+    a socket path."""
+    from efim_local.daemon.client import Client
+
+    with Client(getattr(daemon, "sock", daemon)) as c:
+        res = c.call("complete", {"path": path, "text": text, "position": {"line": line, "character": character},
+                                  "max_tokens": max_tokens})
     assert res["reanchor"] is None and res["text"] == got, res
     return res["text"]
 
@@ -219,19 +222,50 @@ async def test_starts_the_daemon_when_none_runs(tmp_path, tiny_model):
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), XDG_CACHE_HOME=str(tmp_path / "cache"),
                EFIM_CONFIG=str(tmp_path / "config.toml"), EFIM_MODEL=str(tiny_model), EFIM_SOCKET=str(sock))
     client = await start_client(env, init={"maxTokens": 4}, folders=(f"file://{tmp_path}",))
+    uri = f"file://{tmp_path}/a.py"
     try:
-        open_doc(client, uri=f"file://{tmp_path}/a.py")
-        got = await inline(client, 4, 7, uri=f"file://{tmp_path}/a.py")
+        open_doc(client, uri=uri)
+        edit(client, 2, (4, 7), (4, 7), "e", uri=uri)  # while the daemon starts: queued, applied once
+        got = await inline(client, 4, 8, uri=uri)
         assert got.items and sock.exists()
         from efim_local.daemon.client import Client
 
         with Client(sock) as c:
             st = c.call("status")
         assert st["documents"] == 1 and str(tmp_path) in st["watching"]  # the folder became a watched root
-        await client.shutdown_session()
+        daemon_agrees(sock, TEXT + "e", 4, 8, got.items[0].insert_text[4:], path=str(tmp_path / "a.py"), max_tokens=4)
     finally:
+        await client.shutdown_session()
         await client.stop()
         from efim_local.daemon.client import Client
 
         with Client(sock) as c:
+            c.call("shutdown")
+
+
+@pytest.mark.asyncio
+async def test_daemon_restart_loses_no_request(tmp_path, tiny_model):
+    """The daemon goes away under the server: the next completion reconnects (starting a daemon),
+    opens the documents again (with their edits) and is answered, not lost."""
+    d = Daemon(tmp_path / "d", tiny_model).start()
+    env = dict(d.env, EFIM_MODEL=str(tiny_model))
+    client = await start_client(env, "--socket", str(d.sock))
+    try:
+        open_doc(client)
+        assert (await inline(client, 4, 7)).items
+        d.stop()  # shut down: the relay sees its connection close
+        edit(client, 2, (4, 7), (4, 7), "e")
+        got = await inline(client, 4, 8)
+        assert got.items and got.items[0].insert_text.startswith("gree")
+        from efim_local.daemon.client import Client
+
+        with Client(d.sock) as c:
+            assert c.call("status")["documents"] == 1
+        daemon_agrees(d, TEXT + "e", 4, 8, got.items[0].insert_text[4:])  # the edit applied once
+    finally:
+        await client.shutdown_session()
+        await client.stop()
+        from efim_local.daemon.client import Client
+
+        with Client(d.sock) as c:
             c.call("shutdown")
