@@ -5,7 +5,11 @@ saying which path answered, and `efim cache clear` reaching the running daemon."
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -39,6 +43,8 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     src = tmp_path / "a.py"
     src.write_text(DOC)
     args = ["complete", str(src), "-l", "3", "-c", "1", "--json", "--max-tokens", "3"]
+    follow = subprocess.Popen([sys.executable, "-m", "efim_local.cli", "daemon", "logs", "-f", "-n", "0"],
+                              env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
     first = cli(env, *args, "-v")
     assert json.loads(first.stdout)["via"] == "daemon"
     assert first.stderr.decode() == f"efim: answered by the daemon on {tmp_path / 'rt' / 'efim' / 'efim.sock'}\n"
@@ -48,6 +54,14 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     st = json.loads(cli(env, "daemon", "status", "--json").stdout)
     layout, why = st["layout"], st["layout_reason"]
     logs = cli(env, "daemon", "logs").stdout.decode()
+    followed = []  # `logs -f` printed the new lines as they came
+    reader = threading.Thread(target=lambda: followed.extend(follow.stdout.readline() for _ in range(3)), daemon=True)
+    reader.start()
+    reader.join(20)
+    follow.terminate()
+    follow.wait(10)
+    assert len(followed) == 3, followed
+    assert "first request" in followed[0] and " complete " in followed[1] and " complete " in followed[2]
     lines = [ln for ln in logs.splitlines() if " complete " in ln]
     assert len(lines) == 2 and all(re.match(STAMP + " INFO efim.daemon: complete ", ln) for ln in lines)
     assert f"complete {src} layout={layout} cached=0 evaluated=" in lines[0]
@@ -63,14 +77,14 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert req["files"][str(src)] == {"requests": 2, "hit_rate": 0.5, "cached_tokens": second["tokens"]["cached"],
                                       "prompt_tokens": 2 * second["tokens"]["prompt"]}
     text = cli(env, "daemon", "status").stdout.decode()
-    for want in ("KV f16/f16", "layout       efim: FIM tokens, not fragment-trained", "healing      on: ", "latency p50", "p95",
+    for want in ("KV f16/f16", "layout       efim: FIM tokens, not fragment-trained", "healing      off: configured heal = false", "latency p50", "p95",
                  f" 50% hits     2 requests  {src}", "ram tier", "disk tier", "/ 512 MiB", "threads"):
         assert want in text, (want, text)
     assert re.search(rf"slot \d +\d+ tokens  {re.escape(str(src))}", text)
 
     # `efim status` is the daemon's, without loading the model in this process
     st = json.loads(cli(env, "status", "--json").stdout)
-    assert st["via"] == "daemon" and st["daemon_pid"] > 0 and st["layout"] == "efim" and "layout_reason" in st and st["heal"] is True
+    assert st["via"] == "daemon" and st["daemon_pid"] > 0 and st["layout"] == "efim" and "layout_reason" in st and st["heal"] is False
 
     # options that need another engine never bypass the daemon silently
     r = cli(env, *args, "--threads", "1")
