@@ -11,6 +11,7 @@ average and the busiest other processes, since a shared machine moves these numb
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -28,13 +29,17 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "examples" / "fib.py"
 
 
-def timed(argv: list[str], env: dict) -> tuple[float, subprocess.CompletedProcess]:
+def timed(argv: list[str], env: dict) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall ms, CPU ms (user + system: what the process itself cost, less moved by other load), result."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run(argv, env=env, capture_output=True, text=True)
     ms = (time.perf_counter() - t) * 1e3
+    ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime) * 1e3
     if r.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(argv)} failed: {r.stderr}")
-    return ms, r
+    return ms, cpu, r
 
 
 def busiest() -> list[str]:
@@ -46,23 +51,25 @@ def busiest() -> list[str]:
 proc, sock = bu.spawn_daemon(*bu.bench_model(args.model), config={"max_prompt_ms": 0})
 env = dict(os.environ, EFIM_SOCKET=str(sock))
 complete = [EFIM, "complete", str(DOC), "--line", "5", "--column", "9", "--max-tokens", "4", "--json"]
-first = json.loads(timed(complete, env)[1].stdout)  # the daemon computes the prompt once
+first = json.loads(timed(complete, env)[2].stdout)  # the daemon computes the prompt once
 assert first["via"] == "daemon", first
 cases = {"efim --version": [EFIM, "--version"], "efim models list": [EFIM, "models", "list"],
          "efim daemon status": [EFIM, "daemon", "status"], "efim complete (cached, daemon)": complete}
 rows, engine_ms, load = [], [], os.getloadavg()
 try:
     for name, argv in cases.items():
-        times = []
+        times, cpus = [], []
         for _ in range(args.runs):
-            ms, r = timed(argv, env)
+            ms, cpu, r = timed(argv, env)
             times.append(ms)
+            cpus.append(cpu)
             if argv is complete:
                 out = json.loads(r.stdout)
                 assert out["via"] == "daemon" and out["tokens"]["evaluated"] <= 1, out
                 engine_ms.append(out["timings"]["total_ms"])
         target = {"efim --version": 100, "efim complete (cached, daemon)": 120}.get(name)
         rows.append({"command": name, "p50_ms": round(bu.pctl(times, 0.5), 1), "best_ms": round(min(times), 1),
+                     "cpu_p50_ms": round(bu.pctl(cpus, 0.5), 1),
                      "target_ms": target or "", "met (p50)": "" if target is None else
                      ("yes" if bu.pctl(times, 0.5) <= target else "no")})
 finally:
