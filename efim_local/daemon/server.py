@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..engine import Engine
+from ..engine import Engine, interrupt
 from ..errors import AlreadyRunning, Busy, ConfigError, DaemonError
 from . import paths, test_hooks
 from .dispatch import Dispatcher
@@ -207,6 +207,7 @@ class Server:
         if self.worker is not None and self.worker.is_alive():
             self.worker.stop()
             self.worker.join(timeout=60)
+        interrupt.drain()  # a tokenize call idle work left running reads the model, freed next
         if self.sock is not None:
             self.sock.close()
             self.sock = None

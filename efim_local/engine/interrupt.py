@@ -8,7 +8,7 @@ when a request comes, the engine thread raises Cancelled at once and the call go
 background. Its result is kept: the idle task, run again later, finds its tokens there instead of
 starting over, so an interrupted prefill still makes progress. At most one such call runs at a
 time. Tokenizing reads only the vocabulary, which llama.cpp allows concurrently with decoding
-(llama-server does the same).
+(llama-server does the same). Whoever frees the model first calls ``drain()``.
 """
 
 from __future__ import annotations
@@ -74,6 +74,14 @@ def interruptible(tokenize, should_stop):
                     raise Cancelled() from None
 
     return run
+
+
+def drain(timeout: float | None = None) -> None:
+    """Wait for a call still running in the background. Call it before the model is freed: the
+    call reads the model's vocabulary."""
+    t = _running
+    if t is not None:
+        t.join(timeout)
 
 
 @contextmanager

@@ -60,3 +60,4 @@ def test_engine_prefill_inside_interruptible_planning_stops_at_once(tmp_path, ti
             engine.prefill("big.py", BIG, len(BIG) // 2, should_stop)
         assert time.monotonic() - stop_at < 0.5
         assert engine.planner.tokenize == engine.model.tokenize  # restored
+        interrupt.drain()  # before the model is freed
