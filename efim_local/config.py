@@ -30,7 +30,7 @@ RULES = {
     "model": _rule(str), "layout": _rule(str, choices=("efim", "fim")), "fim_family": _rule(str),
     "fim_template": _rule(str), "fim_order": _rule(str, choices=("psm", "spm")),
     "max_tokens": _rule(int, 0, 4096), "max_middle_tokens": _rule(int, 1, 1 << 20),
-    "max_prompt_ms": _rule(float, 0, 600_000), "idle_chunk_tokens": _rule(int, 1, 1 << 16),
+    "max_prompt_ms": _rule(float, 0, 600_000), "idle_chunk_tokens": _rule(int, 1, 1 << 16), "heal": _rule(bool),
     "idle_chunk_ms": _rule(float, 1, 60_000), "n_gpu_layers": _rule(int, 0, 100_000), "main_gpu": _rule(int, 0, 1024),
     "store": _rule(bool), "state_dir": _rule(str), "ram_mb": _rule(float, 0, 1 << 24),
     "disk_mb": _rule(float, 0, 1 << 30), "min_state_tokens": _rule(int, 0, 1 << 21),
@@ -93,6 +93,7 @@ class Config:
 
     model: str | None = None  # GGUF path; None: the bundled default model
     layout: str | None = None  # "efim" | "fim"; None: the model's (engine/models.py: efim)
+    heal: bool | None = None  # token healing when a request does not say; None: the model's (on)
     fim_family: str | None = None  # force a family template (qwen, deepseek, starcoder, ...)
     fim_template: str | None = None  # text markers "PRE,SUF,MID[,psm|spm]" for models without FIM tokens
     fim_order: str | None = None  # "psm" | "spm"; None: the template's own

@@ -22,11 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def small_config(**kw) -> Config:
-    """A Config for the tiny models: small context, a few slots, 2 threads, 8 tokens out, and no
-    latency budget unless asked (a loaded machine would otherwise reduce plans that tests count)."""
+    """A Config for the tiny models: small context, a few slots, 2 threads, 8 tokens out, no
+    latency budget unless asked (a loaded machine would otherwise reduce plans that tests count), and no
+    token healing unless asked (tests compare answers with the plan's own tokens)."""
     ctx = dict(n_ctx_seq=1024, n_slots=3, n_batch=64, n_threads=2)
     ctx.update({k: kw.pop(k) for k in list(kw) if k in ContextParams.__dataclass_fields__})
-    return Config(context=ContextParams(**ctx), **{"max_tokens": 8, "max_prompt_ms": 0.0, **kw})
+    return Config(context=ContextParams(**ctx), **{"max_tokens": 8, "max_prompt_ms": 0.0, "heal": False, **kw})
 
 
 def efim_cli(*args, input=None, env=None) -> subprocess.CompletedProcess:
@@ -91,12 +92,13 @@ class Daemon:
 
     The latency budget is off (``max_prompt_ms = 0``) unless ``budget_ms`` is given: protocol tests
     assert exact token counts, which a budget learned on a loaded test machine may reduce. The
-    budget has tests of its own (tests/engine/test_budget.py, an injected speed)."""
+    budget has tests of its own (tests/engine/test_budget.py, an injected speed). Token healing is
+    off too (``heal = false``; its default has tests/engine/test_subtoken.py)."""
 
     def __init__(self, tmp: Path, model: Path, *extra: str, budget_ms: float = 0.0):
         self.sock = tmp / "run" / "efim.sock"
         tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / "config.toml").write_text(f"max_prompt_ms = {budget_ms}\n")
+        (tmp / "config.toml").write_text(f"max_prompt_ms = {budget_ms}\nheal = false\n")
         self.env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"),
                         EFIM_CONFIG=str(tmp / "config.toml"))
         self.args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(self.sock),

@@ -99,7 +99,7 @@ class Engine:
             self.default_layout, self.fragment_trained = default_layout(self.model.meta, config.layout)
             text_markers = self.template.source == "text"
             self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
-            self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers)
+            self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers, config.heal)
             self.speed = PrefillSpeed()  # learned from every prefill; the latency budget asks it
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)

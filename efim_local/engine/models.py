@@ -56,8 +56,11 @@ def choose_layout(meta, config_layout: str | None, text_markers: bool = False) -
     return "efim", f"{kind}: EFIM with token healing continues a partial word as well as FIM (docs/models.md)"
 
 
-def choose_heal(meta, text_markers: bool = False) -> tuple[bool, str]:
-    """(heal, reason): token healing by default for every kind of model; a request may turn it off."""
+def choose_heal(meta, text_markers: bool = False, config_heal: bool | None = None) -> tuple[bool, str]:
+    """(heal, reason): token healing by default for every kind of model, unless the configuration says
+    otherwise; a request may still choose."""
+    if config_heal is not None:
+        return config_heal, f"configured heal = {str(config_heal).lower()}"
     return True, f"{model_kind(meta, text_markers)}: healing recovers most of the mid-word loss (docs/models.md)"
 
 

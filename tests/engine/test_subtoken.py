@@ -166,3 +166,5 @@ def test_layout_and_healing_defaults_from_metadata(kind, tiny_model, tiny_model_
                         context=ContextParams(n_ctx_seq=512, n_slots=1))
     with Engine(configured, path) as e:
         assert e.status()["layout"] == "fim" and "configured" in e.status()["layout_reason"]
+    with Engine(Config(model=str(path), fim_template=template, heal=False), path) as e:
+        assert e.status()["heal"] is False and e.status()["heal_reason"] == "configured heal = false"
