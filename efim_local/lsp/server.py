@@ -34,7 +34,7 @@ from pygls.uris import to_fs_path
 
 from ..errors import CANCELLED, DaemonUnavailable, EfimError, InvalidParams, one_line
 from .relay import Relay
-from .text import Converter, Doc
+from .text import Converter, Doc, columns
 
 log = logging.getLogger("efim.lsp")
 STATUS = "efim/status"
@@ -219,6 +219,8 @@ class EfimServer(LanguageServer):
     # -- completion -----------------------------------------------------------------------------
     async def inline_completion(self, params: t.InlineCompletionParams) -> t.InlineCompletionList | None:
         received = time.perf_counter()
+        if self.relay is None:
+            raise JsonRpcException("server not initialized", -32002)
         uri = params.text_document.uri
         doc = self.docs.get(uri)
         if doc is None:
@@ -229,6 +231,12 @@ class EfimServer(LanguageServer):
             line, col = doc.point(params.position.line, params.position.character, self.conv)
         except EfimError as e:
             raise lsp_error(e) from None
+        # the item replaces the word typed so far (from this text: the document may change meanwhile)
+        cols = columns(doc.lines[line])
+        start = doc.word_start(line, col)
+        rng = t.Range(start=t.Position(line, self.conv.to_units(cols, start)),
+                      end=t.Position(line, self.conv.to_units(cols, col)))
+        typed = cols[start:col]
         p: dict[str, Any] = {"path": self.path(uri), "position": {"line": line, "character": col}}
         if self.settings.max_tokens is not None:
             p["max_tokens"] = self.settings.max_tokens
@@ -241,11 +249,7 @@ class EfimServer(LanguageServer):
         text = result.get("text") or ""
         if not text:
             return t.InlineCompletionList(items=[])
-        cols = doc.lines[line] if line < len(doc.lines) else ""
-        start = doc.word_start(line, col)
-        typed = cols[start:col]
         cid = f"{next(self.completion_ids)}"
-        rng = t.Range(start=t.Position(line, self.conv.to_units(cols, start)), end=params.position)
         item = t.InlineCompletionItem(
             insert_text=typed + text, range=rng,
             command=t.Command(title="efim: accepted", command=ACCEPTED_COMMAND,
@@ -300,6 +304,8 @@ class EfimServer(LanguageServer):
         n = len(text) if full else args.get("acceptedLength")
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(text):
             raise JsonRpcInvalidParams(f"invalid params: acceptedLength must be in [0, {len(text)}]")
+        if self.relay is None:
+            raise JsonRpcException("server not initialized", -32002)
         cid = args.get("id")
         p = {"path": self.path(args["uri"]), "id": str(cid) if cid is not None else "", "text": text,
              "accepted": n}
