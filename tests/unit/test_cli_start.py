@@ -8,7 +8,8 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("llama_cpp", "numpy", "sqlite_utils", "gguf", "huggingface_hub", "watchdog", "torch", "tokenizers")
+HEAVY = ("llama_cpp", "numpy", "sqlite_utils", "gguf", "huggingface_hub", "watchdog", "torch", "tokenizers",
+         "pygls")
 
 CHILD = """
 import json, sys
