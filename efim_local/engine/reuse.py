@@ -54,7 +54,9 @@ class Reuse:
         ``idle`` work never cuts the KV a slot holds beyond the shared prefix (see fork())."""
         if idle and not cold:
             self.fork(prompt, path)
-        slot, n_common = self.slots.pick(prompt, path)
+        # Idle work that shares little with the file's slot takes another: growing there would cut the
+        # keystrokes' KV (and the next keystroke would cut the growth).
+        slot, n_common = self.slots.pick(prompt, None if idle else path)
         if slot.sparse and (not want_sparse or cold):  # approximate KV never serves an exact request
             self.clear(slot)
             n_common = 0
