@@ -102,8 +102,9 @@ def test_pull_by_name_check_use_then_complete(env, hub, tmp_path):
     assert out["path"] == str(tmp_path / "data" / "efim" / "models" / REPO / FILE)
     assert (out["fim"], out["fim_source"], out["architecture"], out["layout"]) == (True, "gguf", "llama", "efim")
     assert hub.gets == [f"{REPO}/{FILE}"]
-    run(env, "models", "pull", "tiny-coder", "--json")  # already here: not fetched again
-    assert hub.gets == [f"{REPO}/{FILE}"]
+    again = json.loads(run(env, "models", "pull", "tiny-coder", "--use", "--json").stdout)  # here: not fetched again
+    assert hub.gets == [f"{REPO}/{FILE}"] and again["config"] == str(tmp_path / "config" / "efim" / "config.toml")
+    (tmp_path / "config" / "efim" / "config.toml").unlink()  # `use` below writes it into an existing file
 
     listed = json.loads(run(env, "models", "list", "--json").stdout)
     assert next(m for m in listed["known"] if m["name"] == "tiny-coder")["installed"]
@@ -112,7 +113,7 @@ def test_pull_by_name_check_use_then_complete(env, hub, tmp_path):
 
     # A config with other settings keeps them.
     cfg = tmp_path / "config" / "efim" / "config.toml"
-    cfg.parent.mkdir(parents=True)
+    cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text("max_tokens = 6\n\n[context]\nn_ctx_seq = 1024\nn_slots = 2\n")
     used = json.loads(run(env, "models", "use", "tiny-coder", "--json").stdout)
     assert used == {"model": out["path"], "config": str(cfg)}
