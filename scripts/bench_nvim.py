@@ -100,20 +100,22 @@ def first_ghost(path: Path, pause: bool, c: Client) -> dict:
 
 rows = []
 load_before = os.getloadavg()
-with Client(sock, timeout=300) as c:
-    for i, src in enumerate(files):
-        copy = tmp / f"{i}_{src.name}"
-        shutil.copy(src, copy)
-        rows.append(first_ghost(copy, pause=i % 2 == 1, c=c))
-        print(bu.table(rows[-1:], list(rows[-1])), flush=True)
 try:
-    nv.command("qa!")
-except EOFError:  # (it quit before answering)
-    pass
-nv_proc.wait(10)
-with Client(sock) as c:
-    c.call("shutdown")
-proc.wait(30)
+    with Client(sock, timeout=300) as c:
+        for i, src in enumerate(files):
+            copy = tmp / f"{i}_{src.name}"
+            shutil.copy(src, copy)
+            rows.append(first_ghost(copy, pause=i % 2 == 1, c=c))
+            print(bu.table(rows[-1:], list(rows[-1])), flush=True)
+finally:  # Neovim and the daemon go, whatever happened
+    nv_proc.terminate()
+    nv_proc.wait(10)
+    try:
+        with Client(sock) as c:
+            c.call("shutdown")
+        proc.wait(30)
+    except Exception:  # noqa: BLE001 - it is not answering: stop it
+        proc.kill()
 
 summary = []
 for mode in ("typed at once", "after a pause"):
