@@ -55,6 +55,14 @@ ap.add_argument("--report", nargs="*", default=None, help="merge these saved res
 ap.add_argument("--chart", default="docs/subtoken.png")
 args = ap.parse_args()
 
+
+
+def show(rows: list[dict]) -> None:
+    """Print the summary rows as a table."""
+    cols = ["model", "condition", "class", "cursors", "bits/char", "95% CI", "EM word %", "95% CI ", "EM line %"]
+    print(bu.table([{**r, "95% CI": r["bpc_ci"], "95% CI ": r.get("word_ci", "")} for r in rows], cols))
+
+
 # -- report mode: merge saved per-model results ---------------------------------------------------------
 if args.report is not None:
     rows, per = [], {}
@@ -62,8 +70,7 @@ if args.report is not None:
         data = json.loads((bu.RESULTS / f"subtoken-{name}.json").read_text())
         per[name] = data
         rows += data["summary"]
-    cols = ["model", "condition", "class", "cursors", "bits/char", "95% CI", "EM word %", "95% CI ", "EM line %"]
-    print(bu.table([{**r, "95% CI": r["bpc_ci"], "95% CI ": r["word_ci"]} for r in rows], cols))
+    show(rows)
     for name, data in per.items():
         for line in data.get("findings", []):
             print(f"{name}: {line}")
@@ -72,6 +79,7 @@ if args.report is not None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colour = lambda cond: "C2" if "heal" in cond else "C7" if "oracle" in cond else "C0"
     fig, axes = plt.subplots(1, len(CLASSES), figsize=(11, 4.2), sharey=True)
     for ax, cls in zip(axes, CLASSES):
         sel = [r for r in rows if r["class"] == cls]
@@ -79,7 +87,7 @@ if args.report is not None:
         est = np.array([r["bits/char"] for r in sel])
         lo = est - np.array([r["bpc_lo"] for r in sel])
         hi = np.array([r["bpc_hi"] for r in sel]) - est
-        ax.bar(x, est, yerr=[lo, hi], capsize=3, color=["C0" if "heal" not in r["condition"] else "C2" for r in sel])
+        ax.bar(x, est, yerr=[lo, hi], capsize=3, color=[colour(r["condition"]) for r in sel])
         ax.set_xticks(x, [f"{r['model']}\n{r['condition']}" for r in sel], rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{cls} cursors")
         ax.set_ylabel("bits per character (lower is better)")
@@ -179,8 +187,7 @@ if "EFIM" in arr:
         findings.append(f"EFIM - FIM at {cls} cursors: {gap[0]:+.3f} bits/char (95% CI {gap[1]:+.3f} to {gap[2]:+.3f})")
         gaps[cls] = gap
 
-print(bu.table([{**r, "95% CI": r["bpc_ci"], "95% CI ": r.get("word_ci", "")} for r in summary],
-               ["model", "condition", "class", "cursors", "bits/char", "95% CI", "EM word %", "95% CI ", "EM line %"]))
+show(summary)
 print("\n".join(findings))
 print(f"{len(cursors)} cursors x {len(conditions)} prompt layouts in {elapsed / 60:.1f} min")
 per_cursor = {cond: {k: v.tolist() for k, v in a.items()} for cond, a in arr.items()}
