@@ -189,7 +189,7 @@ def test_a_budgeted_reanchor_tokenizes_the_file_once(engine, monkeypatch):
 def test_calibration_measures_speed_and_builds_the_healer(tiny_model):
     """The daemon's start-up idle task: after it, the budget knows the speed and the first keystroke
     does not build the healer's vocabulary index; it leaves every slot empty."""
-    with Engine(small_config(), tiny_model) as e:
+    with Engine(small_config(heal=None), tiny_model) as e:  # the model's default: healing on
         assert not e.speed.known and e.decoder._healer is None and e.default_heal
         e.calibrate()
         assert e.speed.known and e.decoder._healer is not None
