@@ -23,6 +23,7 @@ EXPECTED = {
     E.Cancelled: (E.CANCELLED, 1),
     E.BackendError: (E.MODEL_ERROR, 1),
     E.ModelError: (E.MODEL_ERROR, 2),  # a model path that cannot be loaded is the user's input
+    E.DownloadError: (E.INTERNAL_ERROR, 1),  # efim models pull: the network or the hub said no
     E.NoKvSlot: (E.MODEL_ERROR, 1),
     E.DecodeError: (E.MODEL_ERROR, 1),
     E.StoreError: (E.INTERNAL_ERROR, 1),
