@@ -119,7 +119,7 @@ name = args.name or args.model
 model = Model(path)
 l2r = template is not None  # a model without FIM tokens: scored left to right
 # One thread: under load, ggml's thread barriers cost more than a second thread gains.
-ctx = Context(model, ContextParams(n_ctx_seq=64, n_slots=64, n_batch=2048, kv_unified=True,
+ctx = Context(model, ContextParams(n_ctx_seq=32, n_slots=128, n_batch=2048, kv_unified=True,
                                    n_threads=1, n_threads_batch=1))
 if l2r:
     conditions = {"L2R": None}
@@ -128,7 +128,7 @@ else:
     tmpl, planner = make_planner(model, Config(model=str(path)))
     conditions = {"FIM": "fim", "EFIM": "efim"}
     stop_tokens = tmpl.stop_tokens
-scorer = Scorer(model, ctx, stop_tokens, max_seqs=64, max_new=args.max_new, capacity=args.capacity)
+scorer = Scorer(model, ctx, stop_tokens, max_seqs=128, max_new=args.max_new, capacity=args.capacity)
 
 
 def job(c, layout):
@@ -149,6 +149,11 @@ elapsed = time.perf_counter() - t0
 
 # -- summarise: bits/char and exact match, per class, with bootstrap intervals -------------------------------
 summary, findings = [], []
+# Cursors a condition could not score (None: too many token prefixes) are dropped from every condition.
+keep = [i for i in range(len(cursors)) if all(res[i] is not None for res in raw.values())]
+print(f"{len(cursors) - len(keep)} cursors dropped (targets with more token prefixes than sequences)")
+cursors = [cursors[i] for i in keep]
+raw = {cond: [res[i] for i in keep] for cond, res in raw.items()}
 cls_of = np.array([c.cls for c in cursors])
 arr = {}
 for cond, res in raw.items():

@@ -328,22 +328,31 @@ class Scorer:
         floats = ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float))
         return np.ctypeslib.as_array(floats, shape=(self.model.n_vocab,)).copy()
 
-    def score(self, jobs: Sequence[Job]) -> list[Result]:
-        """Score ``jobs`` in groups that fit the batch and the sequence limit."""
-        out: list[Result] = []
-        group: list[dict] = []
+    def score(self, jobs: Sequence[Job]) -> list[Result | None]:
+        """Score ``jobs`` in groups that fit the batch and the sequence limit. A job that alone needs
+        more sequences than ``max_seqs`` (a target with very many token prefixes, e.g. a rule of
+        dashes) is not scored: None in its place."""
+        out: list[Result | None] = [None] * len(jobs)
+        group: list[tuple[int, dict]] = []
         cost = seqs = 0
-        for job in jobs:
+
+        def flush():
+            for (i, _), r in zip(group, self._group([st for _, st in group])):
+                out[i] = r
+
+        for i, job in enumerate(jobs):
             st = self._prepare(job)
             c = len(job.prompt) + sum(len(p.steps) for k in st["plans"] for p in st[k]) + 2 * self.max_new
             s = st["n_seqs"]
+            if s > self.max_seqs:
+                continue
             if group and (cost + c > self.capacity or seqs + s > self.max_seqs):
-                out += self._group(group)
+                flush()
                 group, cost, seqs = [], 0, 0
-            group.append(st)
+            group.append((i, st))
             cost, seqs = cost + c, seqs + s
         if group:
-            out += self._group(group)
+            flush()
         return out
 
     def _prepare(self, job: Job) -> dict:
