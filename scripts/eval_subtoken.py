@@ -119,7 +119,7 @@ name = args.name or args.model
 model = Model(path)
 l2r = template is not None  # a model without FIM tokens: scored left to right
 # One thread: under load, ggml's thread barriers cost more than a second thread gains.
-ctx = Context(model, ContextParams(n_ctx_seq=32, n_slots=128, n_batch=2048, kv_unified=True,
+ctx = Context(model, ContextParams(n_ctx_seq=64, n_slots=128, n_batch=2048, kv_unified=True,
                                    n_threads=1, n_threads_batch=1))
 if l2r:
     conditions = {"L2R": None}
