@@ -332,15 +332,14 @@ def test_watcher_refreshes_changed_files(tmp_path, tiny_model):
             before = {s["tokens"] for s in c.call("status")["slots"] if s["path"] == str(f)}
             new = "# reformatted\n" + LONG[:3000]
             f.write_text(new)  # a formatter or a git checkout changes it on disk
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 90  # idle work yields to every status call: slow on a loaded machine
             while time.monotonic() < deadline:
-                # Wait for the refreshed session (another token count), not the old one.
-                slots = c.call("status")["slots"]
-                if any(s["path"] == str(f) and s["tokens"] > 500 and s["tokens"] not in before for s in slots) \
-                        and c.call("status")["queued"] == 0:
-                    time.sleep(0.5)
+                # Wait for the refreshed session (another token count, idle work done), not the old one.
+                st = c.call("status")
+                if any(s["path"] == str(f) and s["tokens"] > 500 and s["tokens"] not in before for s in st["slots"]) \
+                        and st["queued"] == 0 and st["idle_tasks"] == 0:
                     break
-                time.sleep(0.1)
+                time.sleep(0.25)
             out = complete(c, text=new, offset=2000, path=str(f))
             # The change was at the file's start, so only a refreshed session prefilled
             # while idle can leave a single token to evaluate.
