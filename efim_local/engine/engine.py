@@ -25,6 +25,7 @@ from ..prompt import templates
 from ..prompt.healing import Healer
 from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, line_start
 from .decode import Decoder
+from . import interrupt
 from .files import Files
 from .models import choose_heal, choose_layout, default_layout
 from .request import Completion, CompletionRequest, Timings, TokenCounts
@@ -60,6 +61,7 @@ class Engine:
         with ExitStack() as stack:
             self.model = stack.enter_context(
                 Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu))
+            stack.callback(interrupt.drain)  # a tokenize call idle work left running reads the model
             self.template, self.planner = make_planner(self.model, config)
             self.sparse = None
             if config.sparse_budget > 0:
