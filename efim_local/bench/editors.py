@@ -123,6 +123,7 @@ class InfillEditor:
         try:
             conn.request("POST", "/infill", json.dumps(body), {"Content-Type": "application/json"})
             resp = conn.getresponse()
+            timings = None
             for raw in resp:
                 if not raw.startswith(b"data: "):
                     continue
@@ -130,6 +131,9 @@ class InfillEditor:
                 if msg.get("stop"):
                     timings = msg.get("timings", {})
                     break
+            if timings is None:  # the stream ended without its last message: cancelled (connection closed)
+                out.cancelled = True
+                return
             out.t_done = time.perf_counter()
             out.evaluated = timings.get("prompt_n")
             out.t_first = out.t_done - timings.get("predicted_ms", 0.0) / 1e3
