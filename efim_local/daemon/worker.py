@@ -236,9 +236,6 @@ class Worker:
             answer = out.to_json()
             conn.send(reply(rid, answer))
             self.stats.record(job.request.path, answer)
-            if out.context.get("reduced"):  # the budget cut the context: grow it back while idle
-                path = job.request.path
-                self.add_idle(lambda engine, should_stop: engine.grow(path, should_stop), key=("grow", path))
         except Exception as e:  # noqa: BLE001 - never a traceback to the client
             if not isinstance(e, EfimError):
                 self.errors += 1
@@ -246,3 +243,12 @@ class Worker:
             elif e.code not in (Cancelled.code, Busy.code) and e.exit_code != 2:
                 self.errors += 1
             conn.send(error(rid, internal(e)))
+        finally:
+            self._grow_later(job.request.path)
+
+    def _grow_later(self, path: str | None) -> None:
+        """If the budget cut the context of ``path``'s plan, grow it back while idle. Answered or not:
+        most requests are cancelled by the next keystroke, and their plan is the next one's."""
+        f = self.engine.files.get(path) if path else None
+        if f is not None and f.session is not None and f.session.anchor is not None and f.session.anchor.reduced:
+            self.add_idle(lambda engine, should_stop: engine.grow(path, should_stop), key=("grow", path))
