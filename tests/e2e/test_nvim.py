@@ -234,6 +234,15 @@ def typed(nv, relay, keys):
     return n
 
 
+def open_file(nv, src, text: str, opts: str) -> None:
+    """Write ``text`` to ``src``, set the plugin up with ``opts`` (Lua table fields) and edit the file
+    with the cursor at the start of line 2."""
+    src.write_text(text)
+    nv.lua(f'require("efim").setup({{ {opts} }})')
+    nv.api.command(f"edit {src}")
+    nv.api.current.window.cursor = (2, 0)
+
+
 def final_text(relay, nv, since=0):
     """Wait for a completion asked for after the first ``since`` ones to be answered and shown
     (the last one); return its text."""
@@ -250,10 +259,7 @@ def test_ghost_streams_in_and_accept_inserts(nv, relay, tmp_path):
     """Partial notifications update the ghost before the reply; the accept key inserts it; the
     request carries no text (the buffer was opened with didOpen and synced incrementally)."""
     src = tmp_path / "add.py"
-    src.write_text("def add(a, b):\n\n\nprint(add(1, 2))\n")
-    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 6, accept_key = "<C-y>" })')
-    nv.api.command(f"edit {src}")
-    nv.api.current.window.cursor = (2, 0)
+    open_file(nv, src, "def add(a, b):\n\n\nprint(add(1, 2))\n", 'debounce_ms = 30, max_tokens = 6, accept_key = "<C-y>"')
     relay.hold_s = 1.0  # the reply waits; the pieces streamed before it must already show
     nv.api.input("A    return a")
     assert wait_for(lambda: nv.api.current.line == "    return a")
@@ -291,10 +297,7 @@ def test_stale_ghost_is_hidden_and_never_inserted(nv, relay, tmp_path):
     """The regression: type `ret`, the ghost appears, Left twice: the ghost disappears, and Tab
     inserts a tab there (nothing of the ghost)."""
     src = tmp_path / "r.py"
-    src.write_text("def f(x):\n    \n")
-    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 6 })')
-    nv.api.command(f"edit {src}")
-    nv.api.current.window.cursor = (2, 0)
+    open_file(nv, src, "def f(x):\n    \n", 'debounce_ms = 30, max_tokens = 6')
     nv.api.input("Aret")
     assert final_text(relay, nv)
     nv.api.input("<Left><Left>")
@@ -339,10 +342,7 @@ def test_ctrl_e_stays_vims_and_dismiss_key(nv, relay, tmp_path):
     """<C-e> keeps inserting the character below even with a ghost shown; the dismiss key (<C-]>)
     hides the ghost and changes nothing; keys are configurable (dismiss_key)."""
     src = tmp_path / "e.py"
-    src.write_text("import os\n\nzzzz\n")
-    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
-    nv.api.command(f"edit {src}")
-    nv.api.current.window.cursor = (2, 0)
+    open_file(nv, src, "import os\n\nzzzz\n", 'debounce_ms = 30, max_tokens = 4')
     nv.api.input("Aab")
     assert final_text(relay, nv)
     since = typed(nv, relay, "<C-e>")
@@ -457,10 +457,7 @@ def test_unreachable_daemon_warns_once_then_connects(start_nvim, daemon, tmp_pat
     sock = tmp_path / "later.sock"
     nv = start_nvim(sock)
     src = tmp_path / "u.py"
-    src.write_text("import os\n\n")
-    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
-    nv.api.command(f"edit {src}")
-    nv.api.current.window.cursor = (2, 0)
+    open_file(nv, src, "import os\n\n", 'debounce_ms = 30, max_tokens = 4')
     for ch in "x = os":
         nv.api.input(("A" if ch == "x" else "") + ch)
         time.sleep(0.1)
@@ -504,10 +501,7 @@ def test_daemon_restart_loses_nothing(nv, relay, daemon, tmp_path):
     """After `efim daemon restart` the first keystroke gets its ghost: the new daemon is told
     about the file (didOpen with the current text) before the request."""
     src = tmp_path / "d.py"
-    src.write_text("import os\n\n")
-    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
-    nv.api.command(f"edit {src}")
-    nv.api.current.window.cursor = (2, 0)
+    open_file(nv, src, "import os\n\n", 'debounce_ms = 30, max_tokens = 4')
     assert final_text(relay, nv, typed(nv, relay, "Ax"))
     daemon.stop()
     daemon.start()
@@ -522,10 +516,7 @@ def test_document_closed_by_another_editor_is_opened_again(nv, relay, daemon, tm
     """Another editor closes the same file in the daemon (documents are per path): the next
     completion is answered "document not open", so the plugin opens it again and asks once more."""
     src = tmp_path / "o.py"
-    src.write_text("import os\n\n")
-    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
-    nv.api.command(f"edit {src}")
-    nv.api.current.window.cursor = (2, 0)
+    open_file(nv, src, "import os\n\n", 'debounce_ms = 30, max_tokens = 4')
     assert final_text(relay, nv, typed(nv, relay, "Ax"))
     with daemon.client() as c:
         c.call("didClose", {"path": str(src)})
@@ -564,10 +555,7 @@ def served(daemon):
 
 def test_enable_disable_toggle(nv, relay, daemon, tmp_path):
     src = tmp_path / "t.py"
-    src.write_text("import os\n\n")
-    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4 })')
-    nv.api.command(f"edit {src}")
-    nv.api.current.window.cursor = (2, 0)
+    open_file(nv, src, "import os\n\n", 'debounce_ms = 30, max_tokens = 4')
     assert final_text(relay, nv, typed(nv, relay, "Ax"))
     nv.api.command("EfimDisable")
     assert not nv.visible() and nv.lua('return require("efim").active()') is False
