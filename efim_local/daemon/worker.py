@@ -249,6 +249,5 @@ class Worker:
     def _grow_later(self, path: str | None) -> None:
         """If the budget cut the context of ``path``'s plan, grow it back while idle. Answered or not:
         most requests are cancelled by the next keystroke, and their plan is the next one's."""
-        f = self.engine.files.get(path) if path else None
-        if f is not None and f.session is not None and f.session.anchor is not None and f.session.anchor.reduced:
+        if self.engine.reduced(path):
             self.add_idle(lambda engine, should_stop: engine.grow(path, should_stop), key=("grow", path))

@@ -68,10 +68,12 @@ class Decoder:
                 victim.reset()
 
     def generate(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text=None,
-                 ignore_eog: bool = False, should_stop=None, heal: bytes = b""):
+                 ignore_eog: bool = False, should_stop=None, heal: bytes = b"", between=None):
         """Sample until a stop rule fires; returns (ids, stream, stop_reason, time of first token).
 
-        ``heal`` is text backed off the prompt that the first tokens must spell out again."""
+        ``heal`` is text backed off the prompt that the first tokens must spell out again.
+        ``between()`` runs after each sampled token, before the next decode (it may decode other
+        slots: the logits it overwrites have been used)."""
         stream = TextStream(rules)
         ids: list[int] = []
         row = self.batch.raw.n_tokens - 1
@@ -98,6 +100,8 @@ class Decoder:
                 break
             if len(ids) >= rules.max_tokens:
                 break
+            if between is not None:
+                between()
             if should_stop is not None and should_stop():
                 raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
             self.batch.clear()

@@ -7,6 +7,8 @@ sample (``decode.py``), keep the prompt's KV for the next keystroke.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -34,6 +36,8 @@ from .slots import SlotManager
 from .speed import PrefillSpeed
 from .stream import StopRules
 
+
+log = logging.getLogger("efim.engine")
 
 UPGRADE_TOKENS = 512  # re-plan a reduced plan once growth has cached twice its head, and this many more
 
@@ -230,6 +234,40 @@ class Engine:
             session.anchor = full
             self.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
 
+    def reduced(self, path: str | None) -> bool:
+        """Whether the budget reduced ``path``'s current plan (idle growth has work to do)."""
+        f = self.files.get(path) if path else None
+        return f is not None and f.session is not None and f.session.anchor is not None and f.session.anchor.reduced
+
+    def _grow_alongside(self, path: str | None, should_stop=None):
+        """For a request on ``path`` whose plan the budget reduced: a ``between()`` for its
+        generation that spends ``grow_share`` of the time after the first token growing the plan, a
+        chunk at a time (another slot: the answer is unchanged). None when there is nothing to grow."""
+        share = self.config.grow_share
+        if share <= 0 or len(self.slots.slots) < 2 or not self.reduced(path):
+            return None
+        next_at = 0.0
+
+        def between() -> None:
+            nonlocal next_at
+            t = time.perf_counter()
+            if t < next_at or not self.reduced(path):
+                return
+            deadline = t + self.config.idle_chunk_ms / 1e3
+            stop = lambda: (should_stop is not None and should_stop()) or time.perf_counter() >= deadline
+            try:
+                self.grow(path, stop)
+            except Cancelled:
+                pass
+            except Exception:  # noqa: BLE001 - optional work never fails the request
+                log.exception("growth during generation failed")
+                next_at = math.inf
+                return
+            done = time.perf_counter()
+            next_at = done + (done - t) * (1 - share) / share
+
+        return between
+
     def idle_chunk(self, n_ctx: int) -> int:
         """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about
         ``idle_chunk_ms`` on this machine now, within [8, idle_chunk_tokens]."""
@@ -296,15 +334,20 @@ class Engine:
             evaluated = self.decoder.prefill(slot, prompt, start.n_common, should_stop, chunk)
             self.speed.observe(evaluated, len(prompt) - evaluated, (time.perf_counter() - t_fill) * 1e3)
             counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
+            between = None if idle else self._grow_alongside(path, should_stop)
+            if not idle:
+                self.slots.busy = slot.seq
             with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
                 ids, stream, reason, t_first = self.decoder.generate(
-                    slot, len(prompt), sampler, rules, on_text, req.ignore_eog, should_stop, heal)
+                    slot, len(prompt), sampler, rules, on_text, req.ignore_eog, should_stop, heal, between)
         except Cancelled as e:
             if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
                 counts.generated = e.data["generated"]
                 e.data = {"tokens": asdict(counts), "timings": {"prompt_ms": (e.data["first_token_at"] - t0) * 1e3}}
             raise
         finally:
+            if not idle:
+                self.slots.busy = None
             self.reuse.finish(start, path, len(prompt), checkpoint, cold)
         t2 = time.perf_counter()
         if reason == "max_tokens" and room < max_tokens:

@@ -78,8 +78,11 @@ class Reuse:
         more (the keystrokes' KV): idle work then grows the copy, and a request that comes in the
         meantime still finds its own KV whole. Without this, every keystroke would cut off what the
         idle work had grown since the last one."""
-        src, n = self.slots.pick(prompt)
-        if self.swa or src.sparse or n < self.slots.min_reuse or n >= len(src.tokens) or n + 1 >= len(prompt):
+        src, n = self.slots.pick(prompt, busy_ok=True)  # a copy only reads the source
+        # A source that holds no more than the shared prefix is grown in place, unless a request is
+        # generating in it.
+        holds_more = n < len(src.tokens) or src.seq == self.slots.busy
+        if self.swa or src.sparse or n < self.slots.min_reuse or not holds_more or n + 1 >= len(prompt):
             return
         spare = self.slots.spare(exclude=src.seq)
         if spare is None:
@@ -99,7 +102,7 @@ class Reuse:
     def drop_others(self, path: str, prompt: np.ndarray) -> None:
         """Empty the slots of ``path`` that share less than all of ``prompt`` (a plan superseded by
         the grown one): one file, one live slot."""
-        for slot in self.slots.slots:
+        for slot in self.slots.free():
             if slot.path == path and len(slot.tokens) and common_prefix(slot.tokens, prompt) < len(prompt):
                 self.clear(slot)
 

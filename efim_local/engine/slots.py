@@ -41,9 +41,18 @@ class SlotManager:
     def __init__(self, n_slots: int, min_reuse: int = 16):
         self.slots = [Slot(seq=i) for i in range(n_slots)]
         self.min_reuse = min_reuse
+        # The slot a request is generating in: work done between its tokens (growth) never picks,
+        # evicts or empties it.
+        self.busy: int | None = None
 
-    def pick(self, tokens: np.ndarray, path: str | None = None) -> tuple[Slot, int]:
-        scored = [(common_prefix(s.tokens, tokens), s) for s in self.slots]  # numpy per slot
+    def free(self) -> list[Slot]:
+        """The slots other than the busy one."""
+        return [s for s in self.slots if s.seq != self.busy]
+
+    def pick(self, tokens: np.ndarray, path: str | None = None, busy_ok: bool = False) -> tuple[Slot, int]:
+        """The slot to decode ``tokens`` in and how many of them it holds (``busy_ok``: the busy slot
+        too, for reading only)."""
+        scored = [(common_prefix(s.tokens, tokens), s) for s in (self.slots if busy_ok else self.free())]
         n, slot = max(scored, key=lambda x: (x[0], -x[1].last_used))
         if n < min(self.min_reuse, len(tokens)):
             # The file's own slot first (one file never takes a second slot), then an empty one, then
@@ -54,9 +63,9 @@ class SlotManager:
 
     def spare(self, exclude: int) -> Slot | None:
         """An empty slot other than ``exclude``, else the least recently used other one."""
-        others = [s for s in self.slots if s.seq != exclude]
+        others = [s for s in self.free() if s.seq != exclude]
         return min(others, key=lambda s: (len(s.tokens) > 0, s.last_used)) if others else None
 
     def lru(self, exclude: set[int]) -> Slot | None:
-        cands = [s for s in self.slots if s.seq not in exclude and len(s.tokens)]
+        cands = [s for s in self.free() if s.seq not in exclude and len(s.tokens)]
         return min(cands, key=lambda s: s.last_used) if cands else None

@@ -1,5 +1,7 @@
 """The latency budget: plans fit the budget, idle growth is exact and yields within one chunk."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -172,6 +174,70 @@ def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference, ca
     assert sum(s.path == path and len(s.tokens) > 0 for s in engine.slots.slots) == 1  # the stale copy is gone
     cold = reference.run(engine.plan(req).tokens, CompletionRequest("", 0, max_tokens=6), cold=True)
     assert warm.token_ids == cold.token_ids
+
+
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.sampled_from(range(len(DOCS))), at=st.floats(0.3, 0.9), share=st.sampled_from([0.25, 0.9]),
+       typed=st.text("abc_ (", min_size=1, max_size=4))
+def test_growth_during_generation_is_exact(engine, reference, doc, at, share, typed, monkeypatch):
+    """While someone types, growth rides along with the completions (between their tokens, in another
+    slot): each answer equals its own plan computed cold, the request's slot stays whole (the next
+    keystroke computes only the typed text), and the plan is grown to full within the keystrokes its missing
+    context needs."""
+    engine.config = replace(engine.config, grow_share=share)
+    used = []  # the plan each request answered from (the budget's, not plan()'s)
+    fit = engine._fit_budget
+    monkeypatch.setattr(engine, "_fit_budget", lambda req, plan: used.append(fit(req, plan)) or used[-1])
+    try:
+        text, path = DOCS[doc], f"ride-{doc}.py"
+        engine.forget(path)
+        cur = text.index("\n", int(len(text) * at)) + 1
+        anchor = None
+        for i, ch in enumerate("x" + typed + "y" * 40):
+            text, cur = text[:cur] + ch + text[cur:], cur + 1
+            req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=24,
+                                    heal=False, ignore_eog=True)
+            out = engine.complete(req)
+            plan = used[-1]
+            cold = reference.run(plan.tokens, CompletionRequest("", 0, max_tokens=24, ignore_eog=True), cold=True)
+            assert out.token_ids == cold.token_ids
+            if i and anchor is engine.session(path).anchor and out.reanchor is None:
+                assert out.tokens.cached >= plan.middle_start  # the request's own slot was left whole
+            anchor = engine.session(path).anchor
+            if not out.context["reduced"]:
+                break
+        assert not engine.session(path).anchor.reduced, "growth never finished"
+    finally:
+        engine.config = replace(engine.config, grow_share=0.0)
+
+
+def test_growth_during_generation_yields_to_a_request(engine):
+    """A newer keystroke stops both the completion and the growth riding along with it: growth
+    stops within one chunk, and its progress stays in its slot."""
+    engine.config = replace(engine.config, grow_share=0.9)
+    try:
+        text, path = DOCS[1], "ride-cancel.py"
+        engine.forget(path)
+        cur = text.index("\n", 3000) + 1
+        engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
+        assert engine.reduced(path)
+        before = {s.seq: len(s.tokens) for s in engine.slots.slots}
+        polls = {"n": 0}
+
+        def keystroke_after_first_token():
+            polls["n"] += 1
+            return polls["n"] >= 3  # growth polls once before its first chunk, once after it: then stop
+
+        with pytest.raises(Cancelled):
+            engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100,
+                                              max_tokens=24, ignore_eog=True),
+                            should_stop=keystroke_after_first_token)
+        grown = [len(s.tokens) - before[s.seq] for s in engine.slots.slots if len(s.tokens) > before[s.seq]]
+        assert grown and max(grown) <= engine.config.idle_chunk_tokens + 1  # one chunk (and the fork's token)
+        assert engine.reduced(path) and engine.slots.busy is None
+    finally:
+        engine.config = replace(engine.config, grow_share=0.0)
 
 
 def test_a_budgeted_reanchor_tokenizes_the_file_once(engine, monkeypatch):
