@@ -74,8 +74,8 @@ class ContextParams:
     n_ctx_seq: int = 4096  # tokens per slot
     n_slots: int = 4
     n_batch: int = 512
-    n_threads: int = 0  # threads for single-token decodes; 0: all cores but one (see default_threads)
-    n_threads_batch: int = 0  # threads for multi-token batches (prefill); 0: all cores
+    n_threads: int = 0  # threads for single-token decodes; 0: the free cores (engine/cpu.py)
+    n_threads_batch: int = 0  # threads for multi-token batches (prefill); 0: the free cores
     type_k: str = "f16"
     type_v: str = "f16"
     flash_attn: bool = False

@@ -127,7 +127,7 @@ def status(as_json, **model_kw):
         info["via"] = "in-process"
     keys = ("model", "description", "library", "library_source", "gpu_offload", "layout", "layout_reason",
             "heal", "heal_reason", "fragment_trained", "template", "n_slots", "n_ctx_seq", "threads",
-            "threads_batch", "type_k", "type_v",
+            "threads_batch", "threads_auto", "cores_free", "cores_used_by_others", "type_k", "type_v",
             "flash_attn", "offload_kqv", "sliding_window", "swa_strategy", "state_restore", "sparse_restore", "via")
     out = {k: info[k] for k in keys if k in info}
     if info["via"] == "daemon":

@@ -26,6 +26,7 @@ from ..llama._lib import library_info
 from ..prompt import templates
 from ..prompt.healing import Healer
 from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, line_start
+from .cpu import FreeCores
 from .decode import Decoder
 from . import interrupt
 from .files import Files
@@ -107,6 +108,8 @@ class Engine:
             self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
             self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers, config.heal)
             self.speed = PrefillSpeed()  # learned from every prefill; the latency budget asks it
+            ctx = config.context
+            self.cores = FreeCores() if not (ctx.n_threads and ctx.n_threads_batch) else None  # automatic threads
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
             self._stack = stack.pop_all()
@@ -319,6 +322,7 @@ class Engine:
         ``closers``: auto-paired closers after the cursor, where the answer stops.
         """
         t0 = t0 if t0 is not None else time.perf_counter()
+        self._fit_threads()
         prompt = np.asarray(tokens, dtype=np.int32)
         if len(prompt) == 0:
             raise InvalidParams("invalid params: the prompt is empty")
@@ -361,6 +365,15 @@ class Engine:
             timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
             slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=ids)
 
+    def _fit_threads(self) -> None:
+        """Automatic threads: as many as the cores other processes leave free (engine/cpu.py)."""
+        if self.cores is None:
+            return
+        free = self.cores.sample()
+        want = (self.config.context.n_threads or free, self.config.context.n_threads_batch or free)
+        if want != (self.ctx.n_threads, self.ctx.n_threads_batch):
+            self.ctx.set_threads(*want)
+
     # -- idle work and maintenance ---------------------------------------------------------------
     def flush(self) -> None:
         """Save dirty slots (call after the response was sent, or when idle)."""
@@ -397,6 +410,9 @@ class Engine:
             "fragment_trained": self.fragment_trained,
             "template": self.template.source, "n_slots": ctx.n_slots, "n_ctx_seq": ctx.n_ctx_seq,
             "threads": self.ctx.n_threads, "threads_batch": self.ctx.n_threads_batch,
+            "threads_auto": self.cores is not None,
+            "cores_free": self.cores.free if self.cores else None,
+            "cores_used_by_others": round(self.cores.others, 2) if self.cores else None,
             "type_k": ctx.type_k, "type_v": ctx.type_v,
             "flash_attn": ctx.flash_attn, "offload_kqv": ctx.offload_kqv,
             "sliding_window": self.model.n_swa, "swa_strategy": self.swa_strategy,

@@ -16,16 +16,6 @@ from ..config import KV_TYPES, ContextParams
 # ggml types accepted for the KV cache, by name.
 
 
-def default_threads() -> int:
-    """Threads for single-token decodes: all cores but one. A keystroke's decode is short and its
-    threads meet at a barrier after every layer, so one busy core stalls all of them: measured on
-    2 cores with another process spinning, 1 thread kept the keystroke p50 at 105 ms where 2 threads
-    took 282 ms (90 ms quiet). Prefill batches still use every core."""
-    import os
-
-    return max(1, (os.cpu_count() or 1) - 1)
-
-
 class Context(Handle):
     """A llama.cpp context with ``n_slots`` sequences sharing one unified KV cache."""
 
@@ -41,8 +31,9 @@ class Context(Handle):
         p.n_ctx = params.n_ctx_seq * params.n_slots
         p.n_batch = params.n_batch
         p.n_ubatch = params.n_batch
-        threads = params.n_threads or default_threads()
-        p.n_threads, p.n_threads_batch = threads, params.n_threads_batch or os.cpu_count() or 1
+        # 0: every core, until the engine counts the free ones (engine/cpu.py) before its first decode.
+        p.n_threads = params.n_threads or os.cpu_count() or 1
+        p.n_threads_batch = params.n_threads_batch or os.cpu_count() or 1
         p.kv_unified = params.kv_unified
         p.swa_full = params.swa_full
         p.offload_kqv = params.offload_kqv
@@ -71,6 +62,11 @@ class Context(Handle):
     def _free(self) -> None:
         lib.llama_free(self.ptr)
         self.ptr = None
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """Threads for single-token decodes and for batches, from the next decode on."""
+        lib.llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
+        self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
 
     # -- decoding -------------------------------------------------------
     def decode(self, batch: Batch) -> None:

@@ -30,7 +30,8 @@ EFIM = [sys.executable, "-m", "efim_local.cli"]
 ELLIPSIS = "\N{HORIZONTAL ELLIPSIS}"  # stands for "and other keys" in a JSON object
 
 # Values under these keys depend on time or the machine: only their keys and types are compared.
-VOLATILE = {"timings", "pid", "uptime_s", "threads", "threads_batch", "idle_tasks"}  # machine or timing
+VOLATILE = {"timings", "pid", "uptime_s", "threads", "threads_batch", "cores_free", "cores_used_by_others",
+            "idle_tasks"}  # machine or timing
 # In the daemon, which slot serves a request, the slots' contents and tier usage also depend on
 # when idle work (prefill, calibration, saving) ran.
 VOLATILE_DAEMON = VOLATILE | {"slot", "slots", "store", "requests", "python_threads"}
@@ -127,7 +128,8 @@ def shape(line: str) -> str:
     line = re.sub(r"(?<![\w.~])/[^\s,()]*/([^\s,()/]+)", r"\1", line)  # absolute paths: last part
     line = re.sub(r"\bpid \d+", "pid N", line)
     line = re.sub(r"\bup [\d.]+ s\b", "up N s", line)
-    line = re.sub(r"\b\d+ threads\b", "N threads", line)
+    line = re.sub(r"\b\d+\+\d+ threads\b", "N+N threads", line)
+    line = re.sub(r"\b\d+ cores free\b", "N cores free", line)
     line = re.sub(r"\b\d+(\.\d+)? ms\b", "N ms", line)  # latencies (daemon status)
     return " ".join(line.split())
 

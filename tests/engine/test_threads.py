@@ -1,0 +1,84 @@
+"""Automatic threads: the engine decodes with the cores other processes leave free."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from efim_local.engine import CompletionRequest, Engine
+from efim_local.engine.cpu import FreeCores
+
+from tests.helpers import small_config
+
+CORES = len(os.sched_getaffinity(0))
+SPIN = [sys.executable, "-c", "import time\nt = time.time() + 30\nwhile time.time() < t: pass"]
+
+
+def _spin(until: float) -> None:
+    while time.monotonic() < until:
+        pass
+
+
+def _window(cores: FreeCores, seconds: float = 0.8) -> int:
+    time.sleep(seconds)
+    return cores.sample()
+
+
+@pytest.fixture
+def spinner():
+    p = subprocess.Popen(SPIN)
+    time.sleep(0.3)  # it is running
+    yield p
+    p.kill()
+    p.wait()
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_a_busy_process_takes_a_core(spinner):
+    cores = FreeCores(every=0.5)
+    free = _window(cores)
+    assert cores.others >= 0.7 and free <= CORES - 1
+
+
+def test_this_process_own_work_is_not_counted():
+    cores = FreeCores(every=0.5)
+    baseline = (_window(cores), cores.others)[1]
+    spin = threading.Thread(target=_spin, args=(time.monotonic() + 0.8,))
+    spin.start()
+    _window(cores)
+    spin.join()
+    assert cores.others < baseline + 0.5  # a whole core of our own work added nothing
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_the_engine_follows_the_free_cores(tiny_model, spinner):
+    with Engine(small_config(n_threads=0, n_threads_batch=0), tiny_model) as e:
+        e.cores.every = 0.3
+        assert e.status()["threads_auto"]
+        time.sleep(0.5)
+        e.complete(CompletionRequest("def f(x):\n    return ", 21, path="t.py", max_tokens=2))
+        st = e.status()
+        assert st["cores_free"] <= CORES - 1 and (st["threads"], st["threads_batch"]) == (st["cores_free"],) * 2
+    with Engine(small_config(n_threads=1, n_threads_batch=2), tiny_model) as e:  # set by hand: kept
+        e.complete(CompletionRequest("def f(x):\n    return ", 21, path="t.py", max_tokens=2))
+        st = e.status()
+        assert not st["threads_auto"] and (st["threads"], st["threads_batch"]) == (1, 2)
+
+
+def test_thread_count_does_not_change_an_answer(tiny_model):
+    """Automatic threads may change between a prompt's prefill and a later keystroke's: ggml gives
+    each output row to one thread, so the numbers, not just the argmax, are the same."""
+    from tests.helpers import SOURCES
+
+    text = SOURCES[0][:3000]
+    with Engine(small_config(n_threads=1, n_threads_batch=1), tiny_model) as e:
+        tokens = e.plan(CompletionRequest(text, len(text), path="a.py")).tokens
+        runs = []
+        for n in (1, 2, 1):
+            e.ctx.set_threads(n, n)
+            out = e.run(tokens, CompletionRequest("", 0, max_tokens=16, ignore_eog=True), cold=True)
+            runs.append((out.token_ids, e.ctx.logits(0).tobytes()))
+        assert runs[0] == runs[1] == runs[2]
