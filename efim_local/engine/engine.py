@@ -189,6 +189,7 @@ class Engine:
         ``chunk`` and ``idle``."""
         t0 = time.perf_counter()
         plan = self._fit_budget(req, self.plan(req))
+        self.session(req.path).typed = plan.middle_tokens
         tokens, heal = plan.tokens, b""
         want_heal = self.default_heal if req.heal is None else req.heal
         if want_heal and plan.middle_tokens and Healer.should_heal(self.model.piece(plan.middle_tokens[-1])):
@@ -230,7 +231,7 @@ class Engine:
             return
         reduced = session.anchor
         full = self.planner.full_anchor(reduced, self.config.max_tokens)
-        tokens = self.planner.stable_tokens(session.layout, full)
+        tokens = self.planner.stable_tokens(session.layout, full, session.typed)
         self.run(tokens, CompletionRequest("", 0, path=path, max_tokens=0), path=path,
                  should_stop=should_stop, chunk=self.idle_chunk, idle=True)
         if session.anchor is reduced:  # nothing re-anchored the file meanwhile

@@ -77,6 +77,7 @@ class FileSession:
     anchor: Anchor | None = None
     layout: str = "efim"
     reanchors: int = 0
+    typed: tuple[int, ...] = ()  # the last plan's middle tokens (growth computes them too)
 
 
 @dataclass(frozen=True)
@@ -195,10 +196,13 @@ class Planner:
             return len(m.bos) + len(m.suf) + len(anchor.suffix_tokens) + len(m.pre) + len(anchor.prefix_tokens)
         return len(m.bos) + len(m.pre) + len(anchor.prefix_tokens)
 
-    def stable_tokens(self, layout: str, anchor: Anchor) -> tuple[int, ...]:
-        """The part of every plan on ``anchor`` that does not depend on the typed middle."""
+    def stable_tokens(self, layout: str, anchor: Anchor, typed: Sequence[int] = ()) -> tuple[int, ...]:
+        """The part of every plan on ``anchor`` that does not depend on the typed middle, and, where
+        the middle comes last (EFIM), ``typed[:-1]`` after it: what the next keystroke's plan most
+        likely starts with (its last token may change, or be backed off for healing)."""
         tokens = self.assemble(layout, anchor.prefix_tokens, (), anchor.suffix_tokens)
-        return tokens[:self.middle_start(layout, anchor, len(tokens), 0)]
+        stable = tokens[:self.middle_start(layout, anchor, len(tokens), 0)]
+        return (*stable, *typed[:-1]) if layout == "efim" and len(stable) == len(tokens) else stable
 
     def full_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor:
         """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
