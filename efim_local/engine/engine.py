@@ -353,7 +353,7 @@ class Engine:
         finally:
             if not idle:
                 self.slots.busy = None
-            self.reuse.finish(start, path, len(prompt), checkpoint, cold)
+            self.reuse.finish(start, path, len(prompt), checkpoint, cold, idle)
         t2 = time.perf_counter()
         if reason == "max_tokens" and room < max_tokens:
             reason = "context_full"

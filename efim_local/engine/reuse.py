@@ -79,9 +79,9 @@ class Reuse:
         meantime still finds its own KV whole. Without this, every keystroke would cut off what the
         idle work had grown since the last one."""
         src, n = self.slots.pick(prompt, busy_ok=True)  # a copy only reads the source
-        # A source that holds no more than the shared prefix is grown in place, unless a request is
-        # generating in it.
-        holds_more = n < len(src.tokens) or src.seq == self.slots.busy
+        # A source that holds no more than the shared prefix, or whose rest is idle work's own (the
+        # typed text of an earlier growth step), is grown in place, unless a request is generating in it.
+        holds_more = (n < len(src.tokens) and not src.idle) or src.seq == self.slots.busy
         if self.swa or src.sparse or n < self.slots.min_reuse or not holds_more or n + 1 >= len(prompt):
             return
         spare = self.slots.spare(exclude=src.seq)
@@ -110,9 +110,11 @@ class Reuse:
         """How many of ``prompt``'s tokens a live slot already holds (no side effects)."""
         return self.slots.pick(prompt)[1]
 
-    def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool) -> None:
+    def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool,
+               idle: bool = False) -> None:
         """After decoding: keep the prompt's KV (as far as it was decoded), drop the output."""
         slot = start.slot
+        slot.idle = idle
         if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
             self.clear(slot)
         slot.touch(path)

@@ -21,13 +21,14 @@ class Slot:
     dirty: bool = False  # holds KV not yet saved to the state store
     checkpoint: int = 0  # sliding-window models: the length worth saving (the prompt's head)
     sparse: bool = False  # holds a sparse (approximate) restore: never saved, never reused exactly
+    idle: bool = False  # last decoded by idle work (growth, prefill): its tail is the work's own to cut
 
     def touch(self, path: str | None) -> None:
         self.last_used = time.monotonic()
         self.path = path
 
     def reset(self) -> None:
-        self.tokens, self.dirty, self.sparse = self.tokens[:0], False, False
+        self.tokens, self.dirty, self.sparse, self.idle = self.tokens[:0], False, False, False
 
 
 class SlotManager:
