@@ -17,9 +17,12 @@ from .stream import StopRules, TextStream
 class Decoder:
     """Drives ``llama_decode`` for one slot at a time (the engine thread only)."""
 
-    def __init__(self, model: Model, ctx: Context, batch: Batch, slots: SlotManager, stop_tokens: frozenset[int]):
+    def __init__(self, model: Model, ctx: Context, batch: Batch, slots: SlotManager, stop_tokens: frozenset[int],
+                 observe=None):
+        """``observe(n_new, n_ctx, ms)`` learns from every prefill batch (the latency budget's speed)."""
         self.model, self.ctx, self.batch, self.slots = model, ctx, batch, slots
         self.stop_tokens = stop_tokens
+        self.observe = observe
         self._healer: Healer | None = None
 
     @property
@@ -50,7 +53,10 @@ class Decoder:
             self.batch.extend(part, pos, slot.seq)
             if pos + len(part) == len(prompt):
                 self.batch.raw.logits[len(part) - 1] = True
+            t = time.perf_counter()
             self.decode(slot)
+            if self.observe is not None:
+                self.observe(len(part), pos, (time.perf_counter() - t) * 1e3)
             pos += len(part)
             slot.tokens = prompt[:pos]
         return len(prompt) - n_common

@@ -100,7 +100,8 @@ class Engine:
                         frac = store.shrink_to
                         self.store.shrink = lambda payload, partial, sel: self.sparse.shrink(
                             payload, partial, sel, frac)
-            self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens)
+            self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens,
+                                   observe=lambda n, c, ms: self.speed.observe(n, c, ms))
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
             self.default_layout, self.fragment_trained = default_layout(self.model.meta, config.layout)
@@ -286,8 +287,9 @@ class Engine:
                       should_stop=should_stop, chunk=self.idle_chunk, idle=True)
 
     def calibrate(self, should_stop=None, n: int = 64) -> None:
-        """Idle work: measure prefill speed at two context sizes (for the latency budget), and build
-        the token healer's index.
+        """Idle work: measure prefill speed (for the latency budget) over ``4 * n`` tokens in chunks of
+        ``n``, at growing context sizes (one pass: every prefill after it refines the speed), and
+        build the token healer's index.
 
         Uses an empty slot (none: the requests so far have measured it) and leaves it empty; it is
         not a request, so nothing is counted or saved."""
@@ -298,14 +300,8 @@ class Engine:
             return
         seed = np.asarray(self.model.tokenize("def f(x):\n    return x + 1\n"), dtype=np.int32)
         tokens = np.resize(seed, 4 * n)
-        try:
-            for _ in range(2):  # twice: the second pass runs warm (start-up competes for the CPU)
-                self.reuse.clear(slot)
-                for length in (n, 4 * n):  # a short prompt, then a longer one on top of it
-                    t0 = time.perf_counter()
-                    done = self.decoder.prefill(slot, tokens[:length], len(slot.tokens), should_stop,
-                                                self.idle_chunk)
-                    self.speed.observe(done, length - done, (time.perf_counter() - t0) * 1e3)
+        try:  # chunks of a growing context: the decoder observes each (a per-token and a context cost)
+            self.decoder.prefill(slot, tokens, 0, should_stop, n)
         finally:
             self.reuse.clear(slot)
 
@@ -335,9 +331,7 @@ class Engine:
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=req.stop_at_newline,
                           max_lines=req.max_lines, stop_strings=self.template.stop_strings, closers=closers)
         try:
-            t_fill = time.perf_counter()
             evaluated = self.decoder.prefill(slot, prompt, start.n_common, should_stop, chunk)
-            self.speed.observe(evaluated, len(prompt) - evaluated, (time.perf_counter() - t_fill) * 1e3)
             counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
             between = None if idle else self._grow_alongside(path, should_stop)
             if not idle:
