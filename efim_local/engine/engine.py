@@ -40,8 +40,6 @@ from .stream import StopRules
 
 log = logging.getLogger("efim.engine")
 
-UPGRADE_TOKENS = 512  # re-plan a reduced plan once growth has cached twice its head, and this many more
-
 
 def make_planner(model: Model, config: Config) -> tuple[templates.Template, Planner]:
     """The FIM template and the planner a config gives for ``model`` (as the engine plans)."""
@@ -161,21 +159,18 @@ class Engine:
         """``plan``, or a reduced one if its new tokens would not be prefilled within the request's
         budget. Cached tokens are free: a reduced plan keeps the head of the prefix that a slot
         already holds (idle growth computes it from the file's top), then spends the budget on the
-        context nearest the cursor. A reduced plan is re-planned when growth has cached much more
-        of the prefix since (that costs at most the budget)."""
+        context nearest the cursor. A reduced plan stays until growth has computed the full one: a
+        re-plan on a partly grown head would cost up to the budget, and take (and cut) the slot the
+        growth is in."""
         budget = self.budget_ms(req)
         if budget <= 0 or not self.speed.known:
             return plan
         peek = lambda toks: self.reuse.peek(np.asarray(toks, dtype=np.int32))
         have = peek(plan.tokens)
         over = self.speed.predict_ms(len(plan.tokens) - have, have) > budget
-        anchor = self.session(req.path).anchor
-        grown = False
-        if not over and plan.reduced:
-            head = peek(self.planner.head_tokens(anchor.full_prefix)) - len(self.planner.head_tokens(()))
-            grown = head >= 2 * max(anchor.head, UPGRADE_TOKENS)
-        if not (over or grown):
+        if not over:
             return plan
+        anchor = self.session(req.path).anchor
         # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line
         # never tokenizes the file again.
         same = plan.reanchor is not None and anchor.offset == line_start(req.text, req.cursor)
