@@ -31,7 +31,8 @@ RULES = {
     "fim_template": _rule(str), "fim_order": _rule(str, choices=("psm", "spm")),
     "max_tokens": _rule(int, 0, 4096), "max_middle_tokens": _rule(int, 1, 1 << 20),
     "max_prompt_ms": _rule(float, 0, 600_000), "idle_chunk_tokens": _rule(int, 1, 1 << 16), "heal": _rule(bool),
-    "idle_chunk_ms": _rule(float, 1, 60_000), "grow_share": _rule(float, 0, 0.9), "n_gpu_layers": _rule(int, 0, 100_000), "main_gpu": _rule(int, 0, 1024),
+    "idle_chunk_ms": _rule(float, 1, 60_000), "grow_share": _rule(float, 0, 0.9),
+    "grow_window_ms": _rule(float, 0, 60_000), "n_gpu_layers": _rule(int, 0, 100_000), "main_gpu": _rule(int, 0, 1024),
     "store": _rule(bool), "state_dir": _rule(str), "ram_mb": _rule(float, 0, 1 << 24),
     "disk_mb": _rule(float, 0, 1 << 30), "min_state_tokens": _rule(int, 0, 1 << 21),
     "sparse_budget": _rule(float, 0, 1), "sparse_min_tokens": _rule(int, 0, 1 << 21),
@@ -105,10 +106,12 @@ class Config:
     max_prompt_ms: float = 300.0
     idle_chunk_tokens: int = 64  # idle prefill yields to a request between chunks of at most this size,
     idle_chunk_ms: float = 50.0  # and of what prefills in about this long (so a request waits little)
-    # Share of a completion's time after its first token given to growing its file's reduced plan:
-    # while someone types, most completions are superseded before they end and the daemon is never
-    # idle, so growth rides along (one idle chunk at a time). 0: grow only when idle.
-    grow_share: float = 0.25
+    # Share of a completion's time after its first token, up to grow_window_ms after the request
+    # came, given to growing its file's reduced plan: while someone types, most completions are
+    # superseded before they end and the daemon is never idle, so growth rides along (one idle
+    # chunk at a time). 0: grow only when idle.
+    grow_share: float = 0.5
+    grow_window_ms: float = 500.0
     context: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     main_gpu: int = 0

@@ -239,11 +239,14 @@ class Engine:
         f = self.files.get(path) if path else None
         return f is not None and f.session is not None and f.session.anchor is not None and f.session.anchor.reduced
 
-    def _grow_alongside(self, path: str | None, should_stop=None):
+    def _grow_alongside(self, path: str | None, t0: float, should_stop=None):
         """For a request on ``path`` whose plan the budget reduced: a ``between()`` for its
-        generation that spends ``grow_share`` of the time after the first token growing the plan, a
-        chunk at a time (another slot: the answer is unchanged). None when there is nothing to grow."""
-        share = self.config.grow_share
+        generation that spends ``grow_share`` of the time after the first token, until
+        ``grow_window_ms`` after the request came, growing the plan a chunk at a time (another slot:
+        the answer is unchanged). While someone types, the next keystroke most likely comes within
+        the window and supersedes the completion; past it they are waiting for it, at full speed.
+        None when there is nothing to grow."""
+        share, window = self.config.grow_share, t0 + self.config.grow_window_ms / 1e3
         if share <= 0 or len(self.slots.slots) < 2 or not self.reduced(path):
             return None
         next_at = 0.0
@@ -251,7 +254,7 @@ class Engine:
         def between() -> None:
             nonlocal next_at
             t = time.perf_counter()
-            if t < next_at or not self.reduced(path):
+            if t < next_at or t >= window or not self.reduced(path):
                 return
             deadline = t + self.config.idle_chunk_ms / 1e3
             stop = lambda: (should_stop is not None and should_stop()) or time.perf_counter() >= deadline
@@ -328,7 +331,7 @@ class Engine:
         try:
             evaluated = self.decoder.prefill(slot, prompt, start.n_common, should_stop, chunk)
             counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
-            between = None if idle else self._grow_alongside(path, should_stop)
+            between = None if idle else self._grow_alongside(path, t0, should_stop)
             if not idle:
                 self.slots.busy = slot.seq
             with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:
