@@ -259,3 +259,21 @@ def test_calibration_measures_speed_and_builds_the_healer(tiny_model):
         e.calibrate()
         assert e.speed.known and e.decoder._healer is not None
         assert all(len(s.tokens) == 0 for s in e.slots.slots)
+
+
+def test_growth_rides_along_only_within_its_window(engine):
+    """Past ``grow_window_ms`` after the request came, the user is waiting for the answer: no growth."""
+    text, path = DOCS[3], "ride-window.py"
+    cur = text.index("\n", 3000) + 1
+    for window, grows in ((0.0, False), (60_000.0, True)):
+        engine.forget(path)
+        engine.clear_slots()
+        engine.config = replace(engine.config, grow_share=0.9, grow_window_ms=window)
+        try:
+            req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=24,
+                                    ignore_eog=True)
+            assert engine.complete(req).context["reduced"]
+            grown = [s for s in engine.slots.slots if len(s.tokens) and s.idle]  # growth's own slot
+            assert bool(grown) == grows
+        finally:
+            engine.config = replace(engine.config, grow_share=0.0, grow_window_ms=500.0)
