@@ -53,7 +53,7 @@ def choose_layout(meta, config_layout: str | None, text_markers: bool = False) -
         trained = meta(KEY_LAYOUT)
         why = f"model metadata {KEY_FRAGMENT}=true" + (f", {KEY_LAYOUT}={trained}" if trained else "")
         return trained or "efim", why
-    return "efim", f"{kind}: EFIM with token healing continues a partial word as well as FIM (docs/models.md)"
+    return "efim", f"{kind}: EFIM with token healing continues a partial word best (docs/models.md)"
 
 
 def choose_heal(meta, text_markers: bool = False, config_heal: bool | None = None) -> tuple[bool, str]:
