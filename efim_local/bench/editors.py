@@ -76,7 +76,7 @@ class EfimEditor:
                 if isinstance(e.data, dict) and "timings" in e.data:
                     out.t_first = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
                     out.evaluated = e.data["tokens"]["evaluated"]
-                    out.context = e.data.get("context", {})
+                    out.context, out.reanchor = e.data.get("context", {}), e.data.get("reanchor")
                 return
             finally:
                 self.running.pop(threading.get_ident(), None)

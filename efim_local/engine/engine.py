@@ -204,7 +204,7 @@ class Engine:
                            closers=plan.closers)
         except Cancelled as e:
             if isinstance(e.data, dict):  # cancelled while generating: say what it answered from
-                e.data["context"] = context
+                e.data.update(context=context, reanchor=plan.reanchor)
             raise
         out.timings.plan_ms = plan_ms
         out.layout = plan.layout
