@@ -280,9 +280,12 @@ class Engine:
         return max(8, min(cap, self.speed.max_new(self.config.idle_chunk_ms, n_ctx)))
 
     def prefill(self, path: str, text: str, cursor: int, should_stop=None) -> None:
-        """Idle work: compute the full plan anchored at ``cursor`` (no budget, small chunks)."""
-        self.complete(CompletionRequest(text, cursor, path=path, max_tokens=0, max_prompt_ms=0),
+        """Idle work: compute the plan anchored at ``cursor`` as a request there would plan it (within
+        the latency budget: the next keystroke finds its own anchor cached), then grow it to the full
+        plan. Small chunks; Cancelled when ``should_stop`` says so, keeping what was computed."""
+        self.complete(CompletionRequest(text, cursor, path=path, max_tokens=0),
                       should_stop=should_stop, chunk=self.idle_chunk, idle=True)
+        self.grow(path, should_stop)
 
     def calibrate(self, should_stop=None, n: int = 64) -> None:
         """Idle work: measure prefill speed (for the latency budget) over ``4 * n`` tokens in chunks of

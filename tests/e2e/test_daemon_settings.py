@@ -73,3 +73,23 @@ def test_cursor_notification_prefills_the_plan_anchored_there(tmp_path, tiny_mod
             assert out["tokens"]["evaluated"] <= 2, out["tokens"]
     finally:
         d.stop()
+
+
+def test_with_a_budget_the_cursor_prefill_plans_as_the_request_will_then_grows(tmp_path, tiny_model):
+    """Under a latency budget the prefill takes the anchor the next request will plan (reduced, its
+    new tokens within the budget), then grows it to the full plan while idle: the request that
+    follows finds the full plan cached and computes a token or two."""
+    d = Daemon(tmp_path, tiny_model, budget_ms=1).start()
+    try:
+        with d.client() as c:
+            _wait_until(lambda: c.call("status")["idle_tasks"] == 0)  # the speed is measured
+            c.call("didOpen", {"path": "cur.py", "text": LONG, "version": 1})
+            line = 300
+            c.notify("cursor", {"path": "cur.py", "position": {"line": line, "character": 4}})
+            _wait_until(lambda: c.call("status")["idle_tasks"] == 0)
+            out = c.call("complete", {"path": "cur.py", "position": {"line": line, "character": 4},
+                                      "max_tokens": 2})
+            assert out["reanchor"] is None and not out["context"]["reduced"], out
+            assert out["tokens"]["evaluated"] <= 2, out["tokens"]
+    finally:
+        d.stop()

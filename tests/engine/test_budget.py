@@ -277,3 +277,16 @@ def test_growth_rides_along_only_within_its_window(engine):
             assert bool(grown) == grows
         finally:
             engine.config = replace(engine.config, grow_share=0.0, grow_window_ms=500.0)
+
+
+def test_an_interrupted_cursor_prefill_leaves_the_anchor_the_request_will_use(engine, monkeypatch):
+    """The cursor prefill plans within the budget first (the anchor the next request plans), then
+    grows: a keystroke that interrupts the growth finds its plan cached and does not re-anchor."""
+    monkeypatch.setattr(engine, "config", replace(engine.config, max_prompt_ms=150))
+    text, path = DOCS[0], "prefill.py"
+    engine.forget(path)
+    cur = text.index("\n", 3000) + 1
+    with pytest.raises(Cancelled):
+        engine.prefill(path, text, cur, _stop_after(6))  # the budgeted plan, then a few growth chunks
+    out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_tokens=2))
+    assert out.reanchor is None and out.context["reduced"] and out.tokens.evaluated <= 2, out
