@@ -231,7 +231,8 @@ class Worker:
                 raise Cancelled()
             if time.monotonic() - job.queued_at > QUEUE_TIMEOUT:
                 raise Busy(f"busy: waited more than {QUEUE_TIMEOUT:.0f} s in the queue")
-            out = self.engine.complete(job.request, on_text=on_text, should_stop=job.cancelled.is_set)
+            out = self.engine.complete(job.request, on_text=on_text, should_stop=job.cancelled.is_set,
+                                       yield_to=self._busy)
             self.served += 1
             answer = out.to_json()
             conn.send(reply(rid, answer))

@@ -4,7 +4,8 @@ ggml's threads meet at a barrier after every layer, so a thread whose core anoth
 busy stalls all the others: on 2 cores with one spinning process, a 17-token prefill took 300-400 ms
 with 2 threads where 1 thread takes about 140 ms. With automatic threads (the default), the engine
 decodes with as many threads as there are free cores, checked at most every ``every`` seconds
-before a decode (two small reads of ``/proc``: no work on the keystroke path worth counting).
+before a decode (two small reads of ``/proc``: no work on the keystroke path worth counting). The
+window is the time since the last check: after a long pause it is the pause's average load.
 """
 
 from __future__ import annotations
@@ -24,40 +25,48 @@ class _Snap:
     own: int  # jiffies spent by this process (all its threads)
 
 
-def _snap() -> _Snap | None:
+def _snap(cpus: frozenset[int]) -> _Snap | None:
+    """Jiffies of the CPUs this process may run on (its affinity: a busy CPU outside it is no
+    concern), and of this process."""
     try:
         with open("/proc/stat", "rb") as f:
-            cpu = f.readline().split()[1:]
+            lines = [ln.split() for ln in f if ln[:3] == b"cpu" and ln[3:4].isdigit()]
         with open("/proc/self/stat", "rb") as f:
             mine = f.read()
-    except OSError:
+        total = busy = 0
+        for ln in lines:
+            if int(ln[0][3:]) in cpus:
+                vals = [int(x) for x in ln[1:9]]  # user nice system idle iowait irq softirq steal
+                total += sum(vals)
+                busy += sum(vals) - vals[3] - vals[4]
+        rest = mine[mine.rindex(b")") + 2:].split()  # after the command name, which may hold spaces
+        own = int(rest[11]) + int(rest[12])  # utime, stime: all threads
+    except (OSError, ValueError, IndexError):
         return None
-    vals = [int(x) for x in cpu[:8]]  # user nice system idle iowait irq softirq steal (guest is in user)
-    rest = mine[mine.rindex(b")") + 2:].split()  # after the command name, which may hold spaces
-    return _Snap(time.monotonic(), sum(vals), sum(vals) - vals[3] - vals[4], int(rest[11]) + int(rest[12]))
+    return _Snap(time.monotonic(), total, busy, own)
 
 
 class FreeCores:
     """Counts the cores other processes leave free (``sample()``), over windows of at least ``every`` s."""
 
-    def __init__(self, cores: int | None = None, every: float = 0.5):
-        self.cores = cores or len(os.sched_getaffinity(0))
-        self.n_cpus = os.cpu_count() or self.cores  # /proc/stat's totals are over every CPU
+    def __init__(self, every: float = 0.5):
+        self.cpus = frozenset(os.sched_getaffinity(0))
+        self.cores = len(self.cpus)
         self.every = every
         self.others = 0.0  # cores' worth of CPU other processes used in the last window
         self.free = self.cores
-        self._last = _snap()
+        self._last = _snap(self.cpus)
 
     def sample(self) -> int:
         """Free cores now (at least 1): the last window's, re-measured if it is ``every`` s old."""
         last = self._last
         if last is None or time.monotonic() - last.t < self.every:
             return self.free
-        now = _snap()
+        now = _snap(self.cpus)
         if now is None or now.total <= last.total:
             return self.free
         others = max(0, (now.busy - last.busy) - (now.own - last.own))
-        self.others = others / (now.total - last.total) * self.n_cpus
+        self.others = others / (now.total - last.total) * self.cores
         self.free = max(1, min(self.cores, self.cores - int(self.others + 1 - TAKEN)))
         self._last = now
         return self.free

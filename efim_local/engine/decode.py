@@ -106,10 +106,10 @@ class Decoder:
                 break
             if len(ids) >= rules.max_tokens:
                 break
-            if between is not None:
-                between()
             if should_stop is not None and should_stop():
                 raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
+            if between is not None:
+                between()
             self.batch.clear()
             self.batch.add(tok, n_prompt + len(ids) - 1, slot.seq, logits=True)
             self.decode(slot)

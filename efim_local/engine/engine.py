@@ -108,7 +108,10 @@ class Engine:
             self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers, config.heal)
             self.speed = PrefillSpeed()  # learned from every prefill; the latency budget asks it
             ctx = config.context
-            self.cores = FreeCores() if not (ctx.n_threads and ctx.n_threads_batch) else None  # automatic threads
+            # Automatic threads; not with flash attention, whose single-token split over the KV follows
+            # the thread count (the answer must not depend on the machine's load).
+            auto = not (ctx.n_threads and ctx.n_threads_batch) and not ctx.flash_attn
+            self.cores = FreeCores() if auto else None
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
             self._stack = stack.pop_all()
@@ -180,9 +183,9 @@ class Engine:
                                  pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)
 
     def complete(self, req: CompletionRequest, on_text=None, should_stop=None, chunk=None,
-                 idle: bool = False) -> Completion:
+                 idle: bool = False, yield_to=None) -> Completion:
         """Plan and complete a request. ``on_text`` receives streamed text; see run() for ``should_stop``,
-        ``chunk`` and ``idle``."""
+        ``chunk``, ``idle`` and ``yield_to``."""
         t0 = time.perf_counter()
         plan = self._fit_budget(req, self.plan(req))
         self.session(req.path).typed = plan.middle_tokens
@@ -201,7 +204,7 @@ class Engine:
         try:
             out = self.run(tokens, req, path=req.path, t0=t0, checkpoint=plan.middle_start,
                            on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk, idle=idle,
-                           closers=plan.closers)
+                           closers=plan.closers, yield_to=yield_to)
         except Cancelled as e:
             if isinstance(e.data, dict):  # cancelled while generating: say what it answered from
                 e.data.update(context=context, reanchor=plan.reanchor)
@@ -214,13 +217,14 @@ class Engine:
         out.context = context
         return out
 
-    def grow(self, path: str, should_stop=None) -> None:
+    def grow(self, path: str, should_stop=None, light: bool = False) -> None:
         """Idle work: put back the context a latency budget took from ``path``'s plan.
 
         Prefills the full plan's stable part (everything but the typed middle) in chunks of
         ``idle_chunk`` tokens, polling ``should_stop`` between them (Cancelled when it says stop;
         what was decoded stays in the slot, so the next call goes on from there). When it is
-        complete, the file's anchor becomes the full one, so the next keystroke finds it cached."""
+        complete, the file's anchor becomes the full one, so the next keystroke finds it cached.
+        ``light``: between a request's tokens (no state saved or restored; see Reuse.start)."""
         f = self.files.get(path)
         session = f.session if f is not None else None
         if session is None or session.anchor is None or not session.anchor.reduced:
@@ -229,7 +233,7 @@ class Engine:
         full = self.planner.full_anchor(reduced, self.config.max_tokens)
         tokens = self.planner.stable_tokens(session.layout, full, session.typed)
         self.run(tokens, CompletionRequest("", 0, path=path, max_tokens=0), path=path,
-                 should_stop=should_stop, chunk=self.idle_chunk, idle=True)
+                 should_stop=should_stop, chunk=self.idle_chunk, idle=True, light=light)
         if session.anchor is reduced:  # nothing re-anchored the file meanwhile
             session.anchor = full
             self.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
@@ -239,12 +243,13 @@ class Engine:
         f = self.files.get(path) if path else None
         return f is not None and f.session is not None and f.session.anchor is not None and f.session.anchor.reduced
 
-    def _grow_alongside(self, path: str | None, t0: float, should_stop=None):
+    def _grow_alongside(self, path: str | None, t0: float, should_stop=None, yield_to=None):
         """For a request on ``path`` whose plan the budget reduced: a ``between()`` for its
         generation that spends ``grow_share`` of the time after the first token, until
         ``grow_window_ms`` after the request came, growing the plan a chunk at a time (another slot:
         the answer is unchanged). While someone types, the next keystroke most likely comes within
         the window and supersedes the completion; past it they are waiting for it, at full speed.
+        ``yield_to()`` says other work waits (another file's request): growth stops for it too.
         None when there is nothing to grow."""
         share, window = self.config.grow_share, t0 + self.config.grow_window_ms / 1e3
         if share <= 0 or len(self.slots.slots) < 2 or not self.reduced(path):
@@ -257,9 +262,10 @@ class Engine:
             if t < next_at or t >= window or not self.reduced(path):
                 return
             deadline = t + self.config.idle_chunk_ms / 1e3
-            stop = lambda: (should_stop is not None and should_stop()) or time.perf_counter() >= deadline
+            stop = lambda: (time.perf_counter() >= deadline or (should_stop is not None and should_stop())
+                            or (yield_to is not None and yield_to()))
             try:
-                self.grow(path, stop)
+                self.grow(path, stop, light=True)
             except Cancelled:
                 pass
             except Exception:  # noqa: BLE001 - optional work never fails the request
@@ -309,7 +315,7 @@ class Engine:
     def run(self, tokens, req: CompletionRequest, path: str | None = None, cold: bool = False,
             t0: float | None = None, on_text=None, checkpoint: int | None = None,
             should_stop=None, heal: bytes = b"", chunk=None, idle: bool = False,
-            closers: str = "") -> Completion:
+            closers: str = "", light: bool = False, yield_to=None) -> Completion:
         """Decode a token prompt in the best slot and generate. ``cold`` ignores all cached KV;
         ``idle`` work leaves the KV of the requests' slots whole (it grows a copy).
 
@@ -318,6 +324,7 @@ class Engine:
         true, Cancelled is raised.
         ``heal`` is text backed off the prompt that the first tokens must spell out again;
         ``closers``: auto-paired closers after the cursor, where the answer stops.
+        ``light``: see Reuse.start; ``yield_to()``: other work waits (growth during generation stops).
         """
         t0 = t0 if t0 is not None else time.perf_counter()
         self._fit_threads()
@@ -325,7 +332,7 @@ class Engine:
         if len(prompt) == 0:
             raise InvalidParams("invalid params: the prompt is empty")
         want_sparse = req.sparse if req.sparse is not None else self.config.sparse_budget > 0
-        start = self.reuse.start(prompt, path, want_sparse, cold, idle)
+        start = self.reuse.start(prompt, path, want_sparse, cold, idle, light)
         slot = start.slot
         max_tokens = self._max_tokens(req)
         room = self.config.context.n_ctx_seq - len(prompt)
@@ -334,7 +341,7 @@ class Engine:
         try:
             evaluated = self.decoder.prefill(slot, prompt, start.n_common, should_stop, chunk)
             counts = TokenCounts(prompt=len(prompt), cached=len(prompt) - evaluated, evaluated=evaluated)
-            between = None if idle else self._grow_alongside(path, t0, should_stop)
+            between = None if idle else self._grow_alongside(path, t0, should_stop, yield_to)
             if not idle:
                 self.slots.busy = slot.seq
             with Sampler(SamplerParams(req.temperature, req.top_k, req.top_p, req.seed)) as sampler:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import Unsupported
+from ..errors import Cancelled, Unsupported
 from ..kv import Hit, Miss, StateStore, kvblob
 from ..kv.prefix import common_prefix
 from .decode import Decoder
@@ -49,11 +49,13 @@ class Reuse:
         self.store, self.sparse, self.n_stream, self.swa = store, sparse, n_stream, swa
 
     def start(self, prompt: np.ndarray, path: str | None, want_sparse: bool, cold: bool = False,
-              idle: bool = False) -> Start:
+              idle: bool = False, light: bool = False) -> Start:
         """Choose the slot for ``prompt`` and bring in the best KV for it. ``cold`` ignores all of it;
-        ``idle`` work never cuts the KV a slot holds beyond the shared prefix (see fork())."""
+        ``idle`` work never cuts the KV a slot holds beyond the shared prefix (see fork()). ``light``
+        work (growth between a request's tokens) never saves or restores a state: Cancelled when it
+        would have to save one."""
         if idle and not cold:
-            self.fork(prompt, path)
+            self.fork(prompt, path, light)
         # Idle work that shares little with the file's slot takes another: growing there would cut the
         # keystrokes' KV (and the next keystroke would cut the growth).
         slot, n_common = self.slots.pick(prompt, None if idle else path)
@@ -63,32 +65,39 @@ class Reuse:
         # The same prompt again leaves the KV as it was: nothing new to save.
         same = n_common == len(prompt) == len(slot.tokens)
         if slot.dirty and (slot.path != path or n_common < self.slots.min_reuse):
-            self.save(slot)  # the slot is about to serve another file, or another plan of this one: keep its state
+            self._save_unless(light, slot)  # the slot is about to serve another file or plan: keep its state
         if cold:
             return Start(slot, 0, "none", same=same)
         tier = "slot" if n_common >= self.slots.min_reuse else "none"
-        if self.store is None:
+        if self.store is None or light:
             return Start(slot, n_common, tier, same=same)
         start = self._from_store(slot, prompt, n_common, tier, path, want_sparse)
         start.same = same
         return start
 
-    def fork(self, prompt: np.ndarray, path: str | None) -> None:
+    def _save_unless(self, light: bool, slot: Slot) -> None:
+        if light:
+            raise Cancelled()  # no state serialized between a request's tokens: idle time will do it
+        self.save(slot)
+
+    def fork(self, prompt: np.ndarray, path: str | None, light: bool = False) -> None:
         """Copy the longest prefix of ``prompt`` a slot holds into a spare slot, if that slot holds
         more (the keystrokes' KV): idle work then grows the copy, and a request that comes in the
         meantime still finds its own KV whole. Without this, every keystroke would cut off what the
         idle work had grown since the last one."""
         src, n = self.slots.pick(prompt, busy_ok=True)  # a copy only reads the source
-        # A source that holds no more than the shared prefix, or whose rest is idle work's own (the
-        # typed text of an earlier growth step), is grown in place, unless a request is generating in it.
-        holds_more = (n < len(src.tokens) and not src.idle) or src.seq == self.slots.busy
+        # A source that holds no more than the shared prefix, or whose rest is this file's idle work's
+        # own (the typed text of an earlier growth step), is grown in place, unless a request is
+        # generating in it.
+        own = src.idle and src.path == path
+        holds_more = (n < len(src.tokens) and not own) or src.seq == self.slots.busy
         if self.swa or src.sparse or n < self.slots.min_reuse or not holds_more or n + 1 >= len(prompt):
             return
         spare = self.slots.spare(exclude=src.seq)
         if spare is None:
             return
         if spare.dirty:
-            self.save(spare)
+            self._save_unless(light, spare)
         self.clear(spare)
         self.ctx.seq_cp(src.seq, spare.seq)  # whole sequences: llama.cpp copies across streams only so
         self.ctx.seq_rm(spare.seq, n, -1)

@@ -82,3 +82,10 @@ def test_thread_count_does_not_change_an_answer(tiny_model):
             out = e.run(tokens, CompletionRequest("", 0, max_tokens=16, ignore_eog=True), cold=True)
             runs.append((out.token_ids, e.ctx.logits(0).tobytes()))
         assert runs[0] == runs[1] == runs[2]
+
+
+def test_flash_attention_keeps_its_threads(tiny_model):
+    """ggml splits a flash-attention decode over the KV by thread count: with it on, the thread count
+    stays what the configuration gives, so an answer never depends on the machine's load."""
+    with Engine(small_config(n_threads=0, n_threads_batch=0, flash_attn=True), tiny_model) as e:
+        assert e.cores is None and not e.status()["threads_auto"]
