@@ -78,12 +78,13 @@ class Decoder:
         """Sample until a stop rule fires; returns (ids, stream, stop_reason, time of first token).
 
         ``heal`` is text backed off the prompt that the first tokens must spell out again.
-        ``between()`` runs after each sampled token, before the next decode (it may decode other
-        slots: the logits it overwrites have been used)."""
+        ``between()`` runs after each sampled token once some text went out (the first text must
+        not wait for it), before the next decode (it may decode other slots: the logits it
+        overwrites have been used)."""
         stream = TextStream(rules)
         ids: list[int] = []
         row = self.batch.raw.n_tokens - 1
-        t_first, reason = None, "max_tokens"
+        t_first, reason, shown = None, "max_tokens", False
         while len(ids) < rules.max_tokens:
             if heal:  # constrained: the token must agree with the backed-off text
                 tok = healing.pick(self.ctx.logits(row), self.healer.allowed(heal))
@@ -101,6 +102,7 @@ class Decoder:
             piece = stream.feed(raw)
             if piece and on_text:
                 on_text(piece)
+            shown = shown or bool(piece) or on_text is None
             if stream.stop_reason:
                 reason = stream.stop_reason
                 break
@@ -108,7 +110,7 @@ class Decoder:
                 break
             if should_stop is not None and should_stop():
                 raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
-            if between is not None:
+            if between is not None and shown:
                 between()
             self.batch.clear()
             self.batch.add(tok, n_prompt + len(ids) - 1, slot.seq, logits=True)
