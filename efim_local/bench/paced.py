@@ -237,7 +237,7 @@ def run(cfg: PacedConfig) -> dict:
     st = st[:fired[-1].step + 2] if fired else st
     full = full_tokens(cfg.model, fired, cfg.n_ctx)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if cfg.busy else None
-    rows, notes = {}, []
+    rows, notes, threads = {}, [], {}
     try:
         conf = {"max_prompt_ms": cfg.max_prompt_ms, "max_tokens": cfg.max_tokens}
         proc, sock = bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx),
@@ -246,6 +246,9 @@ def run(cfg: PacedConfig) -> dict:
         ed = EfimEditor(sock, cfg.max_tokens)
         try:
             rows["efim"] = replay(ed, st, fired)
+            st_ = ed.ctl.call("status")  # the threads it ended with, and why
+            threads = {k: st_.get(k) for k in ("threads", "threads_batch", "threads_auto", "cores_free",
+                                               "cores_used_by_others")}
         finally:
             ed.close()
             proc.terminate()
@@ -270,4 +273,4 @@ def run(cfg: PacedConfig) -> dict:
             "auto_pair_keys": sum(s.kind == "over" for s in st) + sum(
                 1 for s in st if s.kind == "key" and s.change and len(s.change[2]) == 2),
             "duration_s": st[-1].t if st else 0, "busy": cfg.busy, "max_prompt_ms": cfg.max_prompt_ms,
-            "summary": summary, "rows": rows, "full_tokens": full, "notes": notes}
+            "summary": summary, "rows": rows, "full_tokens": full, "notes": notes, "efim_threads": threads}
