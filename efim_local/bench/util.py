@@ -93,7 +93,9 @@ def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | 
     args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model), *extra]
     if template:
         args += ["--fim-template", template]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # EFIM_BENCH_DAEMON_LOG=FILE keeps the daemon's log (add "-v" to its arguments for the engine's debug lines).
+    err = open(os.environ["EFIM_BENCH_DAEMON_LOG"], "ab") if os.environ.get("EFIM_BENCH_DAEMON_LOG") else subprocess.DEVNULL
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 120
     while True:
         try:

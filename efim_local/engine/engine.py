@@ -174,6 +174,8 @@ class Engine:
         if not over:
             return plan
         anchor = self.session(req.path).anchor
+        log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,
+                  len(plan.tokens))
         # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line
         # never tokenizes the file again.
         same = plan.reanchor is not None and anchor.offset == line_start(req.text, req.cursor)
@@ -235,6 +237,7 @@ class Engine:
         self.run(tokens, CompletionRequest("", 0, path=path, max_tokens=0), path=path,
                  should_stop=should_stop, chunk=self.idle_chunk, idle=True, light=light)
         if session.anchor is reduced:  # nothing re-anchored the file meanwhile
+            log.debug("%s: grown to the full plan (%d tokens)", path, len(tokens))
             session.anchor = full
             self.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
 
