@@ -222,8 +222,8 @@ class Engine:
     def grow(self, path: str, should_stop=None, light: bool = False) -> None:
         """Idle work: put back the context a latency budget took from ``path``'s plan.
 
-        Prefills the full plan's stable part (everything but the typed middle) in chunks of
-        ``idle_chunk`` tokens, polling ``should_stop`` between them (Cancelled when it says stop;
+        Prefills the full plan's stable part, and the text typed since the anchor after it (EFIM),
+        in another slot than the request's, in chunks of ``idle_chunk`` tokens, polling ``should_stop`` between them (Cancelled when it says stop;
         what was decoded stays in the slot, so the next call goes on from there). When it is
         complete, the file's anchor becomes the full one, so the next keystroke finds it cached.
         ``light``: between a request's tokens (no state saved or restored; see Reuse.start)."""
