@@ -94,7 +94,8 @@ def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | 
     if template:
         args += ["--fim-template", template]
     # EFIM_BENCH_DAEMON_LOG=FILE keeps the daemon's log (add "-v" to its arguments for the engine's debug lines).
-    err = open(os.environ["EFIM_BENCH_DAEMON_LOG"], "ab") if os.environ.get("EFIM_BENCH_DAEMON_LOG") else subprocess.DEVNULL
+    log = os.environ.get("EFIM_BENCH_DAEMON_LOG")
+    err = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the daemon's, for its lifetime
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 120
     while True:

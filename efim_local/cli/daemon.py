@@ -201,9 +201,9 @@ def daemon_status(as_json):
         return emit(st, True)
     click.echo(f"running      pid {st['pid']} on {st['socket']}, up {st['uptime_s']} s")
     click.echo(f"model        {st['model']} ({st['layout']}, sliding window: {st['swa_strategy']})")
+    auto = f" (automatic: {st['cores_free']} cores free)" if st.get("threads_auto") else ""
     click.echo(f"context      {st['n_slots']} slots x {st['n_ctx_seq']} tokens, "
-               f"{st['threads']}+{st['threads_batch']} threads"
-               f"{' (automatic: ' + str(st['cores_free']) + ' cores free)' if st.get('threads_auto') else ''}, KV {st['type_k']}/{st['type_v']}, "
+               f"{st['threads']}+{st['threads_batch']} threads{auto}, KV {st['type_k']}/{st['type_v']}, "
                f"flash attention {'on' if st['flash_attn'] else 'off'}")
     click.echo(f"layout       {st['layout']}: {st['layout_reason']}")
     if "heal" in st:

@@ -223,9 +223,10 @@ class Engine:
         """Idle work: put back the context a latency budget took from ``path``'s plan.
 
         Prefills the full plan's stable part, and the text typed since the anchor after it (EFIM),
-        in another slot than the request's, in chunks of ``idle_chunk`` tokens, polling ``should_stop`` between them (Cancelled when it says stop;
-        what was decoded stays in the slot, so the next call goes on from there). When it is
-        complete, the file's anchor becomes the full one, so the next keystroke finds it cached.
+        in another slot than the request's, in chunks of ``idle_chunk`` tokens, polling
+        ``should_stop`` between them (Cancelled when it says stop; what was decoded stays in the
+        slot, so the next call goes on from there). When it is complete, the file's anchor becomes
+        the full one, so the next keystroke finds it cached.
         ``light``: between a request's tokens (no state saved or restored; see Reuse.start)."""
         f = self.files.get(path)
         session = f.session if f is not None else None
