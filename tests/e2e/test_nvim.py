@@ -167,7 +167,16 @@ class Nvim:
                                       "--cmd", f"set rtp+={PLUGIN}"], env=env, cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert wait_for(self.listen.exists, 10)
-        self.api = pynvim.attach("socket", path=str(self.listen))
+        # The socket file exists from bind(); a loaded machine may not have reached listen() yet.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.api = pynvim.attach("socket", path=str(self.listen))
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         # -u NONE: no filetype detection, no plugins; a user's configuration has both
         self.api.command("filetype on")
         self.api.command("runtime plugin/efim.lua")
