@@ -30,7 +30,7 @@ from .cpu import FreeCores
 from .decode import Decoder
 from . import interrupt
 from .files import Files
-from .models import choose_heal, choose_layout, default_layout
+from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .request import Completion, CompletionRequest, Timings, TokenCounts
 from .reuse import Reuse
 from .slots import SlotManager
@@ -102,15 +102,15 @@ class Engine:
                                    observe=lambda n, c, ms: self.speed.observe(n, c, ms))
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
-            self.default_layout, self.fragment_trained = default_layout(self.model.meta, config.layout)
+            self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             text_markers = self.template.source == "text"
             self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
             self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers, config.heal)
             self.speed = PrefillSpeed()  # learned from every prefill; the latency budget asks it
-            ctx = config.context
+            cp = config.context
             # Automatic threads; not with flash attention, whose single-token split over the KV follows
             # the thread count (the answer must not depend on the machine's load).
-            auto = not (ctx.n_threads and ctx.n_threads_batch) and not ctx.flash_attn
+            auto = not (cp.n_threads and cp.n_threads_batch) and not cp.flash_attn
             self.cores = FreeCores() if auto else None
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
@@ -228,10 +228,9 @@ class Engine:
         slot, so the next call goes on from there). When it is complete, the file's anchor becomes
         the full one, so the next keystroke finds it cached.
         ``light``: between a request's tokens (no state saved or restored; see Reuse.start)."""
-        f = self.files.get(path)
-        session = f.session if f is not None else None
-        if session is None or session.anchor is None or not session.anchor.reduced:
+        if not self.reduced(path):
             return
+        session = self.files.get(path).session
         reduced = session.anchor
         full = self.planner.full_anchor(reduced, self.config.max_tokens)
         tokens = self.planner.stable_tokens(session.layout, full, session.typed)

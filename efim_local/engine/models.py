@@ -62,8 +62,3 @@ def choose_heal(meta, text_markers: bool = False, config_heal: bool | None = Non
     if config_heal is not None:
         return config_heal, f"configured heal = {str(config_heal).lower()}"
     return True, f"{model_kind(meta, text_markers)}: healing recovers most of the mid-word loss (docs/models.md)"
-
-
-def default_layout(meta, config_layout: str | None) -> tuple[str, bool]:
-    """(layout, fragment_trained): see choose_layout."""
-    return choose_layout(meta, config_layout)[0], model_kind(meta) == KIND_FRAGMENT

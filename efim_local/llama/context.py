@@ -32,8 +32,8 @@ class Context(Handle):
         p.n_batch = params.n_batch
         p.n_ubatch = params.n_batch
         # 0: every core, until the engine counts the free ones (engine/cpu.py) before its first decode.
-        p.n_threads = params.n_threads or os.cpu_count() or 1
-        p.n_threads_batch = params.n_threads_batch or os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+        p.n_threads, p.n_threads_batch = params.n_threads or cores, params.n_threads_batch or cores
         p.kv_unified = params.kv_unified
         p.swa_full = params.swa_full
         p.offload_kqv = params.offload_kqv
