@@ -5,6 +5,7 @@ from __future__ import annotations
 from .config import Config, load
 from .engine import Completion, CompletionRequest, Engine
 from .engine.models import resolve_model
+from .kv.settings import store_config
 
 __all__ = ["open_engine", "Engine", "Completion", "CompletionRequest", "Config"]
 
@@ -12,4 +13,4 @@ __all__ = ["open_engine", "Engine", "Completion", "CompletionRequest", "Config"]
 def open_engine(cfg: Config | None = None) -> Engine:
     """Load the configured (or default) model and return an Engine; use it as a context manager."""
     cfg = cfg or load()
-    return Engine(cfg, resolve_model(cfg), store=cfg.store_config())
+    return Engine(cfg, resolve_model(cfg), store=store_config(cfg))

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import ConfigError, InvalidParams
+from .request import Options, check
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}  # names → ggml_type
 
@@ -21,16 +22,17 @@ def _rule(kind: type, lo: float | None = None, hi: float | None = None, choices=
     return {"kind": kind, "lo": lo, "hi": hi, "choices": choices}
 
 
-# What each setting may hold (the request's own checker applies them: engine/request.py ``check``).
-RULES = {
+# What each setting may hold, checked by the request's own checker (efim_local/request.py ``check``).
+# The settings that are a request's defaults take the request's definition.
+REQUEST_DEFAULTS = ("max_tokens", "layout", "max_prompt_ms", "heal")
+RULES = {name: Options.rule(name) for name in REQUEST_DEFAULTS} | {
     "n_ctx_seq": _rule(int, 64, 1 << 20), "n_slots": _rule(int, 1, 256), "n_batch": _rule(int, 1, 1 << 16),
     "n_threads": _rule(int, 0, 1024), "n_threads_batch": _rule(int, 0, 1024),
     "type_k": _rule(str, choices=tuple(KV_TYPES)), "type_v": _rule(str, choices=tuple(KV_TYPES)),
     "flash_attn": _rule(bool), "offload_kqv": _rule(bool), "swa_full": _rule(bool), "kv_unified": _rule(bool),
-    "model": _rule(str), "layout": _rule(str, choices=("efim", "fim")), "fim_family": _rule(str),
+    "model": _rule(str), "fim_family": _rule(str),
     "fim_template": _rule(str), "fim_order": _rule(str, choices=("psm", "spm")),
-    "max_tokens": _rule(int, 0, 4096), "max_middle_tokens": _rule(int, 1, 1 << 20),
-    "max_prompt_ms": _rule(float, 0, 600_000), "idle_chunk_tokens": _rule(int, 1, 1 << 16), "heal": _rule(bool),
+    "max_middle_tokens": _rule(int, 1, 1 << 20), "idle_chunk_tokens": _rule(int, 1, 1 << 16),
     "idle_chunk_ms": _rule(float, 1, 60_000), "grow_share": _rule(float, 0, 0.9),
     "grow_window_ms": _rule(float, 0, 60_000), "n_gpu_layers": _rule(int, 0, 100_000), "main_gpu": _rule(int, 0, 1024),
     "store": _rule(bool), "state_dir": _rule(str), "ram_mb": _rule(float, 0, 1 << 24),
@@ -42,8 +44,6 @@ RULES = {
 
 def _validate(obj) -> None:
     """Check every field of a config dataclass against RULES; ints given for floats become floats."""
-    from .engine.request import check
-
     for f in fields(obj):
         v, rule = getattr(obj, f.name), RULES.get(f.name)
         if rule is None or (v is None and f.default is None):
@@ -132,17 +132,6 @@ class Config:
         if not isinstance(self.context, ContextParams):
             raise ConfigError("'context' must be a table of context settings")
         _validate(self)
-
-    def store_config(self):
-        """The StoreConfig for this configuration, or None when the store is off."""
-        from .kv import StoreConfig
-
-        if not self.store:
-            return None
-        return StoreConfig(Path(self.state_dir).expanduser() if self.state_dir else state_home() / "kv",
-                           ram_mb=self.ram_mb, disk_mb=self.disk_mb, min_tokens=self.min_state_tokens,
-                           shrink_to=self.sparse_shrink_to if self.sparse_budget > 0 else 0.0,
-                           shrink_min_tokens=self.sparse_min_tokens)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -17,7 +17,8 @@ from tqdm import tqdm
 from . import util as bu
 from ..llama import ContextParams
 from ..config import Config
-from ..engine.engine import CompletionRequest, Engine
+from ..engine.engine import Engine
+from ..request import Options
 from ..kv import StoreConfig
 from ..training.corpus import stdlib_files
 
@@ -33,7 +34,7 @@ def evict_page_cache(d: Path) -> None:
 
 
 def _ttft(engine: Engine, tokens, expect: str | None = None, cold: bool = False) -> float:
-    out = engine.run(tokens, CompletionRequest("", 0, max_tokens=1), path="bench.py", cold=cold)
+    out = engine.run(tokens, Options(max_tokens=1), path="bench.py", cold=cold)
     if expect and out.cache_tier != expect:
         raise RuntimeError(f"expected a {expect} hit, got {out.cache_tier}")
     return out.timings.prompt_ms

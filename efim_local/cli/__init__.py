@@ -15,6 +15,7 @@ import click
 from .. import __version__
 from .. import config as config_mod
 from ..errors import EfimError, one_line
+from ..request import LAYOUTS
 
 
 def fail(msg: str, code: int = 1) -> None:
@@ -64,7 +65,7 @@ def model_options(fn):
     opts = [
         click.option("--model", "-m", type=click.Path(dir_okay=False),
                      help="GGUF model (default: $EFIM_MODEL, config, bundled)."),
-        click.option("--layout", type=click.Choice(["efim", "fim"]),
+        click.option("--layout", type=click.Choice(LAYOUTS),
                      help="Prompt layout (default: the model's; efim, docs/models.md)."),
         click.option("--fim-template", help="Text markers 'PRE,SUF,MID[,psm|spm]' for models without FIM tokens."),
         click.option("--fim-family", help="Force a template family: qwen, deepseek, starcoder, codellama, codestral, "
@@ -97,8 +98,8 @@ class FiniteFloatRange(click.FloatRange):
 
 
 def request_options(fn):
-    """The completion request's options, from its one definition (engine/request.py)."""
-    from ..engine.request import CompletionRequest
+    """The completion request's options, from its one definition (efim_local/request.py)."""
+    from ..request import CompletionRequest
 
     for name, default, meta in reversed(CompletionRequest.options()):
         if not meta["cli"] or name == "layout":  # --layout comes with the model options

@@ -20,7 +20,9 @@ def cache():
 
 
 def _store_config():
-    return config_mod.load().store_config() or config_mod.Config().store_config()
+    from ..kv.settings import store_config
+
+    return store_config(config_mod.load()) or store_config(config_mod.Config())
 
 
 def _store_dir():

@@ -32,7 +32,7 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
       efim complete app.py --line 3 --column 5
       cat app.py | efim complete app.py --stdin -l 3 -c 5 --json
     """
-    from ..engine.request import CompletionRequest
+    from ..request import CompletionRequest
 
     req_names = {name for name, _, _ in CompletionRequest.options()}
     model_kw = {k: v for k, v in kw.items() if k not in req_names or k == "layout"}
@@ -123,7 +123,9 @@ def status(as_json, **model_kw):
         cfg = build_config(**model_kw)
         with open_engine(cfg.with_overrides(store=False)) as engine:
             info = engine.status()
-        info["store"] = str(cfg.store_config().dir) if cfg.store else None
+        from ..kv.settings import store_config
+
+        info["store"] = str(store_config(cfg).dir) if cfg.store else None
         info["via"] = "in-process"
     keys = ("model", "description", "library", "library_source", "gpu_offload", "layout", "layout_reason",
             "heal", "heal_reason", "fragment_trained", "template", "n_slots", "n_ctx_seq", "threads",

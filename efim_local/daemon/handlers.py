@@ -11,7 +11,7 @@ import threading
 import time
 
 from ..engine import CompletionRequest, Engine
-from ..engine.interrupt import interruptible_planning
+from ..engine.background import warm_steps
 from ..errors import InvalidParams, InvalidRequest
 from ..prompt.document import read_source
 from .dispatch import DEFERRED
@@ -160,7 +160,6 @@ class Handlers:
             if len(text) > IDLE_MAX_CHARS:
                 return
             cursor = len(text) if cursor is None else min(cursor, len(text))
-            with interruptible_planning(engine.planner, should_stop):  # a request never waits for it
-                engine.prefill(path, text, cursor, should_stop)
+            return warm_steps(engine, path, text, cursor, should_stop)
 
-        self.worker.add_idle(warm, key=("warm", path))
+        self.worker.add_idle(warm, key=("warm", path), path=path)

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..engine import Engine, interrupt
+from ..engine import Engine, background
 from ..errors import AlreadyRunning, Busy, ConfigError, DaemonError
 from . import paths, test_hooks
 from .dispatch import Dispatcher
@@ -122,7 +122,7 @@ class Server:
         self.worker = Worker(engine, self.queue_size)
         self.handlers = Handlers(self, engine, self.worker)
         self.dispatcher = Dispatcher(self.handlers.table())
-        self.worker.add_idle(lambda e, should_stop: e.calibrate(should_stop), key="calibrate")  # latency budget
+        self.worker.add_idle(background.calibrate_steps, key="calibrate")  # latency budget
 
     def serve_forever(self) -> None:
         self.worker.start()
@@ -207,7 +207,7 @@ class Server:
         if self.worker is not None and self.worker.is_alive():
             self.worker.stop()
             self.worker.join(timeout=60)
-        interrupt.drain()  # a tokenize call idle work left running reads the model, freed next
+        background.drain()  # a tokenize call idle work left running reads the model, freed next
         if self.sock is not None:
             self.sock.close()
             self.sock = None

@@ -1,6 +1,7 @@
 """The engine: requests in, completions out, over one llama.cpp context with several slots."""
 
-from .request import Completion, CompletionRequest, Timings, TokenCounts
+from ..request import CompletionRequest
+from .completion import Completion, Timings, TokenCounts
 
 __all__ = ["Engine", "make_planner", "Completion", "CompletionRequest", "Timings", "TokenCounts"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -12,6 +13,20 @@ from ..prompt import healing
 from ..prompt.healing import Healer
 from .slots import Slot, SlotManager
 from .stream import StopRules, TextStream
+
+
+# What a step of work yields: which kind of step it was (the scheduler picks the next by it).
+PREFILL = "prefill"  # a prompt batch was decoded; more follow
+TOKEN = "token"  # a token was sampled, no text shown yet
+SHOWN = "shown"  # a token was sampled and some text went out
+
+
+@dataclass
+class Generated:
+    ids: list[int]
+    stream: TextStream
+    reason: str
+    t_first: float | None
 
 
 class Decoder:
@@ -31,13 +46,17 @@ class Decoder:
             self._healer = Healer([self.model.piece(t) for t in range(self.model.n_vocab)])
         return self._healer
 
-    def prefill(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None,
-                chunk=None) -> int:
+    def prefill(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None, chunk=None) -> int:
         """Make ``slot`` hold KV for prompt[:-1] plus logits for the last token; returns tokens evaluated.
+        The steps of :meth:`prefill_steps`, run to the end."""
+        return drive(self.prefill_steps(slot, prompt, n_common, should_stop, chunk))
 
-        ``should_stop()`` is polled between batches of at most ``chunk`` tokens (an int, or a
-        function of the context so far; default: the batch size); when true, Cancelled is raised and
-        the slot keeps what was decoded so far."""
+    def prefill_steps(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None, chunk=None):
+        """:meth:`prefill` one batch per step: yields between batches of at most ``chunk`` tokens (an
+        int, or a function of the context so far; default: the batch size), returns the tokens
+        evaluated. ``should_stop()`` is polled before each batch; when true, Cancelled is raised and
+        the slot keeps what was decoded so far. The last batch (whose logits the first sample reads)
+        is never followed by a yield: another step would overwrite its logits."""
         n_common = min(n_common, len(prompt) - 1)  # the last token is decoded to get logits
         if not self.ctx.seq_rm(slot.seq, n_common, -1):
             self.ctx.seq_rm(slot.seq, 0, -1)  # cannot truncate here: recompute from scratch
@@ -45,6 +64,8 @@ class Decoder:
         slot.tokens = prompt[:n_common]
         pos = n_common
         while pos < len(prompt):
+            if pos > n_common:
+                yield PREFILL
             if should_stop is not None and should_stop():
                 raise Cancelled()
             step = chunk(pos) if callable(chunk) else chunk or self.batch.capacity
@@ -74,13 +95,18 @@ class Decoder:
                 victim.reset()
 
     def generate(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text=None,
-                 ignore_eog: bool = False, should_stop=None, heal: bytes = b"", between=None):
-        """Sample until a stop rule fires; returns (ids, stream, stop_reason, time of first token).
+                 ignore_eog: bool = False, should_stop=None, heal: bytes = b"") -> Generated:
+        """Sample until a stop rule fires; the steps of :meth:`generate_steps`, run to the end."""
+        return drive(self.generate_steps(slot, n_prompt, sampler, rules, on_text, ignore_eog, should_stop, heal))
 
-        ``heal`` is text backed off the prompt that the first tokens must spell out again.
-        ``between()`` runs after each sampled token once some text went out (the first text must
-        not wait for it), before the next decode (it may decode other slots: the logits it
-        overwrites have been used)."""
+    def generate_steps(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text=None,
+                       ignore_eog: bool = False, should_stop=None, heal: bytes = b""):
+        """Sample until a stop rule fires, one token per step; returns a :class:`Generated`.
+
+        It yields ``TOKEN`` after each sampled token that is not the last, before decoding it: the
+        logits it read are used, so the scheduler may decode other slots then. It yields ``SHOWN``
+        instead once some text went out (work that rides along waits for the first text).
+        ``heal`` is text backed off the prompt that the first tokens must spell out again."""
         stream = TextStream(rules)
         ids: list[int] = []
         row = self.batch.raw.n_tokens - 1
@@ -110,8 +136,9 @@ class Decoder:
                 break
             if should_stop is not None and should_stop():
                 raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
-            if between is not None and shown:
-                between()
+            yield SHOWN if shown else TOKEN
+            if should_stop is not None and should_stop():
+                raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
             self.batch.clear()
             self.batch.add(tok, n_prompt + len(ids) - 1, slot.seq, logits=True)
             self.decode(slot)
@@ -119,4 +146,13 @@ class Decoder:
         tail = stream.finish()
         if tail and on_text:
             on_text(tail)
-        return ids, stream, reason, t_first
+        return Generated(ids, stream, reason, t_first)
+
+
+def drive(steps):
+    """Run a generator of steps to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value

@@ -1,8 +1,10 @@
 """Per-file state, in one place: the document's text, its cursor and its planning session.
 
-The engine updates a file's entry on every completion; the daemon edits the
-text of open documents through it (didOpen/didChange). Which slot holds a
-file's KV is the slot's own record (``Slot.path``), looked up by path.
+The one writer: every change goes through a method of :class:`Files`, under its
+lock. The engine notes each request's cursor (and the text of a file no editor
+syncs); the daemon edits the text of open documents (didOpen/didChange). The
+planning session (anchor, typed text) is the engine thread's own. Which slot
+holds a file's KV is the slot's own record (``Slot.path``), looked up by path.
 """
 
 from __future__ import annotations
@@ -51,6 +53,36 @@ class Files:
                 self._files.move_to_end(path)
             f.touched = time.monotonic()
             return f
+
+    def session(self, path: str, layout: str) -> FileSession:
+        """The planning session (anchor, layout) of a file, created with ``layout`` if new."""
+        with self.lock:
+            f = self.entry(path)
+            if f.session is None:
+                f.session = FileSession(layout=layout)
+            return f.session
+
+    def note_request(self, path: str, text: str, cursor: int) -> None:
+        """A request at ``cursor``: remember it (and the text, unless an editor syncs the document)."""
+        with self.lock:
+            f = self.entry(path)
+            f.cursor = cursor
+            if not f.open:  # an open document's text is the editor's to change
+                f.text = text
+
+    def set_anchor(self, path: str, anchor) -> None:
+        """Growth finished: the file's plan is anchored on the grown (full) anchor."""
+        with self.lock:
+            f = self._files.get(path)
+            if f is not None and f.session is not None:
+                f.session.anchor = anchor
+
+    def set_typed(self, path: str, typed: list[int]) -> None:
+        """The tokens typed since the anchor, as the last plan tokenized them (growth computes them too)."""
+        with self.lock:
+            f = self._files.get(path)
+            if f is not None and f.session is not None:
+                f.session.typed = typed
 
     def forget_session(self, path: str) -> None:
         """The file changed outside the editor: plan it afresh next time."""

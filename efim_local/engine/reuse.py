@@ -90,7 +90,7 @@ class Reuse:
         # own (the typed text of an earlier growth step), is grown in place, unless a request is
         # generating in it.
         own = src.idle and src.path == path
-        holds_more = (n < len(src.tokens) and not own) or src.seq == self.slots.busy
+        holds_more = (n < len(src.tokens) and not own) or src.seq in self.slots.busy
         if self.swa or src.sparse or n < self.slots.min_reuse or not holds_more or n + 1 >= len(prompt):
             return
         spare = self.slots.spare(exclude=src.seq)

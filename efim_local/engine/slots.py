@@ -42,13 +42,13 @@ class SlotManager:
     def __init__(self, n_slots: int, min_reuse: int = 16):
         self.slots = [Slot(seq=i) for i in range(n_slots)]
         self.min_reuse = min_reuse
-        # The slot a request is generating in: work done between its tokens (growth) never picks,
-        # evicts or empties it.
-        self.busy: int | None = None
+        # The slots requests are running in: other work between their steps (growth, another
+        # request) never picks, evicts or empties them.
+        self.busy: set[int] = set()
 
     def free(self) -> list[Slot]:
-        """The slots other than the busy one."""
-        return [s for s in self.slots if s.seq != self.busy]
+        """The slots no request is running in."""
+        return [s for s in self.slots if s.seq not in self.busy]
 
     def pick(self, tokens: np.ndarray, path: str | None = None, busy_ok: bool = False) -> tuple[Slot, int]:
         """The slot to decode ``tokens`` in and how many of them it holds (``busy_ok``: the busy slot

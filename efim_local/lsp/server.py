@@ -33,6 +33,7 @@ from pygls.protocol.language_server import lsp_method
 from pygls.uris import to_fs_path
 
 from ..errors import CANCELLED, DaemonUnavailable, EfimError, InvalidParams, one_line
+from ..request import check_option
 from .relay import Relay
 from .text import Converter, Doc, columns
 
@@ -40,6 +41,15 @@ log = logging.getLogger("efim.lsp")
 STATUS = "efim/status"
 PARTIAL_ACCEPT = "efim/didPartiallyAcceptCompletion"
 ACCEPTED_COMMAND = "efim.accepted"
+
+
+def _valid(option: str, v: Any) -> bool:
+    """Whether ``v`` is a valid value of a request option (its one definition: efim_local/request.py)."""
+    try:
+        check_option(option, v)
+    except InvalidParams:
+        return False
+    return True
 
 
 @dataclass
@@ -55,8 +65,8 @@ class Settings:
         if not isinstance(raw, dict):
             return
         raw = raw.get("efim", raw) if isinstance(raw.get("efim"), dict) else raw
-        for key, attr, ok in (("maxTokens", "max_tokens", lambda v: isinstance(v, int) and 0 <= v <= 4096),
-                              ("maxLines", "max_lines", lambda v: isinstance(v, int) and 0 <= v <= 10_000),
+        for key, attr, ok in (("maxTokens", "max_tokens", lambda v: _valid("max_tokens", v)),
+                              ("maxLines", "max_lines", lambda v: v == 0 or _valid("max_lines", v)),
                               ("enabledLanguages", "enabled_languages",
                                lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
                               ("socket", "socket", lambda v: isinstance(v, str) and v != "")):

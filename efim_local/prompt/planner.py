@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import PlanError
+from ..request import LAYOUTS
 
 Tokenize = Callable[[str], list[int]]
 
@@ -32,8 +33,6 @@ MIDDLE_TOO_LONG = "middle_too_long"
 CONTEXT_OVERFLOW = "context_overflow"
 LAYOUT_CHANGED = "layout_changed"
 LATENCY_BUDGET = "latency_budget"  # the plan was reduced to fit the request's time budget
-
-LAYOUTS = ("efim", "fim")
 
 # What an editor's auto-pairs insert after the cursor. When the text after the cursor differs from
 # the anchor's suffix only by a few of these at its start, the anchor is kept: the closers stay

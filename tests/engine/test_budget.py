@@ -7,6 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine import CompletionRequest, Engine
+from efim_local.engine import run as run_mod
+from efim_local.request import Options
 from efim_local.engine.speed import PrefillSpeed
 from efim_local.errors import Cancelled
 from efim_local.training.corpus import read_texts, stdlib_files
@@ -73,7 +75,7 @@ def test_a_reduced_plan_keeps_the_cached_head_of_the_prefix(engine):
     tail = len(anchor.prefix_tokens) - anchor.head
     assert list(anchor.prefix_tokens) == prefix[:anchor.head] + prefix[len(prefix) - tail:]
     cold = engine.run(engine.plan(CompletionRequest(text, cur, path=path, layout="efim")).tokens,
-                      CompletionRequest("", 0, max_tokens=8), cold=True)
+                      Options(max_tokens=8), cold=True)
     assert out.token_ids == cold.token_ids  # the same plan, computed cold, answers the same
 
 
@@ -134,7 +136,7 @@ def test_growth_in_idle_steps_is_exact(engine, reference, doc, at, polls, typed)
     assert not warm.context["reduced"] and warm.tokens.evaluated <= len(engine.planner.tokenize(typed)) + 2
     plan = engine.plan(req)
     assert plan.reanchor is None
-    cold = reference.run(plan.tokens, CompletionRequest("", 0, max_tokens=6), cold=True)
+    cold = reference.run(plan.tokens, Options(max_tokens=6), cold=True)
     assert warm.token_ids == cold.token_ids
 
 
@@ -171,7 +173,7 @@ def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference, ca
     warm = engine.complete(req)
     assert not warm.context["reduced"]
     assert sum(s.path == path and len(s.tokens) > 0 for s in engine.slots.slots) == 1  # the stale copy is gone
-    cold = reference.run(engine.plan(req).tokens, CompletionRequest("", 0, max_tokens=6), cold=True)
+    cold = reference.run(engine.plan(req).tokens, Options(max_tokens=6), cold=True)
     assert warm.token_ids == cold.token_ids
 
 
@@ -186,8 +188,8 @@ def test_growth_during_generation_is_exact(engine, reference, doc, at, share, ty
     context needs."""
     engine.config = replace(engine.config, grow_share=share)
     used = []  # the plan each request answered from (the budget's, not plan()'s)
-    fit = engine._fit_budget
-    monkeypatch.setattr(engine, "_fit_budget", lambda req, plan: used.append(fit(req, plan)) or used[-1])
+    fit = run_mod.fit_budget
+    monkeypatch.setattr(run_mod, "fit_budget", lambda e, req, plan: used.append(fit(e, req, plan)) or used[-1])
     try:
         text, path = DOCS[doc], f"ride-{doc}.py"
         engine.forget(path)
@@ -199,7 +201,7 @@ def test_growth_during_generation_is_exact(engine, reference, doc, at, share, ty
                                     heal=False, ignore_eog=True)
             out = engine.complete(req)
             plan = used[-1]
-            cold = reference.run(plan.tokens, CompletionRequest("", 0, max_tokens=24, ignore_eog=True), cold=True)
+            cold = reference.run(plan.tokens, Options(max_tokens=24, ignore_eog=True), cold=True)
             assert out.token_ids == cold.token_ids
             if i and anchor is engine.session(path).anchor and out.reanchor is None:
                 assert out.tokens.cached >= plan.middle_start  # the request's own slot was left whole
@@ -229,7 +231,7 @@ def test_growth_during_generation_yields_to_a_request(engine):
                                               max_tokens=24, ignore_eog=True), should_stop=lambda: bool(grown()))
         grown = grown()
         assert grown and max(grown) <= engine.config.idle_chunk_tokens + 1  # one chunk (and the fork's token)
-        assert engine.reduced(path) and engine.slots.busy is None
+        assert engine.reduced(path) and not engine.slots.busy
     finally:
         engine.config = replace(engine.config, grow_share=0.0)
 

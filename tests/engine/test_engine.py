@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine.engine import CompletionRequest, Engine
+from efim_local.request import Options
 from efim_local.prompt import planner as P
 
 from tests.helpers import EDIT, SOURCES, apply, small_config
@@ -29,7 +30,7 @@ def reference(arch_model):
 
 
 def cold(reference, tokens, max_tokens=8, closers=""):
-    return reference.run(tokens, CompletionRequest("", 0, max_tokens=max_tokens), cold=True, closers=closers)
+    return reference.run(tokens, Options(max_tokens=max_tokens), cold=True, closers=closers)
 
 
 def test_complete_counts_and_reuse(engine, reference):

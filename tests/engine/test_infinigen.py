@@ -194,7 +194,7 @@ def test_engine_sparse_restore_is_opt_in_reported_and_never_saved(calibrated, tm
         # An exact request never reuses approximate KV: it equals a cold run.
         exact = e.complete(CompletionRequest(typed.text, typed.cursor, path="a.py", max_tokens=6, sparse=False))
         assert exact.sparse is None and not e.slots.slots[exact.slot].sparse
-        cold = e.run(e.plan(typed).tokens, typed, cold=True)
+        cold = e.run(e.plan(typed).tokens, typed.how, cold=True)
         assert exact.token_ids == cold.token_ids
     with Engine(small_config(), path, store=sc) as e:  # off by default: full restore
         assert e.complete(typed).sparse is None
@@ -251,7 +251,7 @@ def test_support_matrix_reasons(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))  # no sidecar: not calibrated
     sc = StoreConfig(tmp_path / "kv", ram_mb=64, disk_mb=64, min_tokens=16)
     with Engine(small_config(sparse_budget=0.2, sparse_min_tokens=16), tiny_model, store=sc) as e:
-        assert e.sparse_status() == "unavailable: not_calibrated"
+        assert e.status()["sparse_restore"] == "unavailable: not_calibrated"
         req = CompletionRequest(TEXT[:1200], 1000, path="a.py", max_tokens=2)
         e.complete(req)
         e.flush()

@@ -36,7 +36,7 @@ def req(doc, cur, path="a.py", **kw):
 
 def cold_ids(model, r):
     with Engine(small_config(n_slots=1), model) as ref, Engine(small_config(n_slots=1), model) as planner:
-        return ref.run(planner.plan(r).tokens, r, cold=True).token_ids
+        return ref.run(planner.plan(r).tokens, r.how, cold=True).token_ids
 
 
 def store_files(d):
@@ -104,7 +104,7 @@ def test_restored_kv_is_token_identical(tmp_path_factory, arch_model, reference,
                     r = req(dc[0], dc[1], path=path, layout=layout)
                     out = e.complete(r)
                     tiers.append(out.cache_tier)
-                    want = reference.run(e.plan(r).tokens, r, cold=True).token_ids
+                    want = reference.run(e.plan(r).tokens, r.how, cold=True).token_ids
                     assert out.token_ids == want, (restart, edit, out.cache_tier)
                     e.flush()
     assert {"ram", "disk"} & set(tiers), tiers  # some turns were restored from the store

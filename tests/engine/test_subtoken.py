@@ -10,7 +10,7 @@ from efim_local.bench import subtoken as st
 from efim_local.config import Config, ContextParams
 from efim_local.engine.engine import Engine, make_planner
 from efim_local.engine.models import KIND_FIM, KIND_FRAGMENT, KIND_TEXT, default_model
-from efim_local.engine.request import CompletionRequest
+from efim_local.request import CompletionRequest
 from efim_local.llama import Batch, Context, Model
 
 CODE = '''import os

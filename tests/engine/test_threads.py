@@ -9,6 +9,7 @@ import time
 import pytest
 
 from efim_local.engine import CompletionRequest, Engine
+from efim_local.request import Options
 from efim_local.engine.cpu import FreeCores
 
 from tests.helpers import small_config
@@ -79,7 +80,7 @@ def test_thread_count_does_not_change_an_answer(tiny_model):
         runs = []
         for n in (1, 2, 1):
             e.ctx.set_threads(n, n)
-            out = e.run(tokens, CompletionRequest("", 0, max_tokens=16, ignore_eog=True), cold=True)
+            out = e.run(tokens, Options(max_tokens=16, ignore_eog=True), cold=True)
             runs.append((out.token_ids, e.ctx.logits(0).tobytes()))
         assert runs[0] == runs[1] == runs[2]
 

@@ -20,7 +20,7 @@ for args in {commands!r}:
     except SystemExit:
         pass
 # what `efim complete` needs before it reaches the daemon
-import efim_local.daemon.client, efim_local.prompt.document, efim_local.engine.request
+import efim_local.daemon.client, efim_local.prompt.document, efim_local.request
 efim_local.prompt.document.offset_of("x = 1\\n" * 200, 150, 2)
 print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)), file=sys.stderr)
 """

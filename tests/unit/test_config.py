@@ -4,6 +4,7 @@ import pytest
 
 from efim_local import config
 from efim_local.errors import ConfigError
+from efim_local.kv.settings import store_config
 
 
 @pytest.mark.parametrize("toml, message", [
@@ -41,7 +42,7 @@ def test_good_config_loads_and_numbers_are_normalized(tmp_path):
     p = tmp_path / "config.toml"
     p.write_text("store = false\nram_mb = 100\nmax_prompt_ms = 0\n[context]\nn_slots = 2\ntype_k = \"q8_0\"\n")
     cfg = config.load(p)
-    assert cfg.store is False and cfg.store_config() is None
+    assert cfg.store is False and store_config(cfg) is None
     assert cfg.ram_mb == 100.0 and isinstance(cfg.ram_mb, float) and cfg.context.n_slots == 2
 
 

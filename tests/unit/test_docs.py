@@ -122,7 +122,7 @@ def test_every_method_is_documented():
 
 
 def test_complete_params_table_matches_request():
-    from efim_local.engine.request import CompletionRequest
+    from efim_local.request import CompletionRequest
 
     rows = table(ROOT / "docs" / "protocol.md", "### `complete`")
     documented = {name for row in rows for name in re.findall(r"`(\w+)`", row[0])}

@@ -1,4 +1,5 @@
-"""CompletionRequest: the one request schema, its JSON-RPC validation and its round trip."""
+"""CompletionRequest = Position + Options: the one request schema, its JSON-RPC validation, its round
+trip, and the config and LSP settings that take their bounds from it."""
 
 import json
 import math
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from efim_local.engine.request import LAYOUTS, CompletionRequest
+from efim_local.request import LAYOUTS, CompletionRequest, Options, Position
 from efim_local.errors import InvalidParams
 
 OPTIONS = {name: (default, meta) for name, default, meta in CompletionRequest.options()}
@@ -20,11 +21,12 @@ def from_params(params):
 def test_defaults_and_given_values():
     r = from_params({})
     assert r == CompletionRequest("text", 2, path="a.py")
-    assert all(getattr(r, name) == default for name, (default, _) in OPTIONS.items())
+    assert all(getattr(r.how, name) == default for name, (default, _) in OPTIONS.items())
     r = from_params({"max_tokens": 4096, "temperature": 5, "top_k": 0, "top_p": 0.5, "seed": 2 ** 32 - 1,
                      "layout": "fim", "stop_at_newline": True, "max_lines": 1, "heal": False, "sparse": True})
-    assert (r.max_tokens, r.temperature, r.top_k, r.top_p, r.seed, r.layout) == (4096, 5.0, 0, 0.5, 2 ** 32 - 1, "fim")
-    assert type(r.temperature) is float and r.stop_at_newline is True and r.max_lines == 1 and r.sparse is True
+    h = r.how
+    assert (h.max_tokens, h.temperature, h.top_k, h.top_p, h.seed, h.layout) == (4096, 5.0, 0, 0.5, 2 ** 32 - 1, "fim")
+    assert type(h.temperature) is float and h.stop_at_newline is True and h.max_lines == 1 and h.sparse is True
     # null is "not given"; unknown keys are the caller's business (path, text, offset, stream, ...).
     assert from_params({"max_tokens": None, "layout": None, "stream": True, "x": [1]}) == from_params({})
 
@@ -121,3 +123,32 @@ def test_the_cli_offers_every_cli_option():
     flags = {opt for p in complete.params for opt in p.opts}
     for name, (_, meta) in OPTIONS.items():
         assert ("--" + name.replace("_", "-") in flags) == meta["cli"], name
+
+
+def test_config_bounds_are_the_requests():
+    """The config's defaults for request options are checked by the request's own definition."""
+    from efim_local import config
+    from efim_local.errors import ConfigError
+
+    for name in config.REQUEST_DEFAULTS:
+        assert config.RULES[name] is OPTIONS[name][1]
+    with pytest.raises(ConfigError, match="must be in \\[0, 4096\\]"):
+        config.Config(max_tokens=4097)
+    with pytest.raises(ConfigError, match="must be one of 'efim', 'fim'"):
+        config.Config(layout="spm")
+
+
+def test_lsp_settings_take_the_requests_bounds():
+    from efim_local.lsp.server import Settings
+
+    s = Settings()
+    s.update({"maxTokens": 4097, "maxLines": 1001})
+    assert (s.max_tokens, s.max_lines) == (None, None)
+    s.update({"maxTokens": 4096, "maxLines": 0})
+    assert (s.max_tokens, s.max_lines) == (4096, 0)
+
+
+def test_a_request_is_where_and_how():
+    r = CompletionRequest("abc", 1, path="a.py", max_tokens=3)
+    assert r == CompletionRequest.of(Position("abc", 1, "a.py"), Options(max_tokens=3))
+    assert (r.text, r.cursor, r.path, r.how.max_tokens) == ("abc", 1, "a.py", 3)

@@ -1,0 +1,243 @@
+"""Background work: everything the engine does for a request that has not come yet.
+
+- **growth** puts back the context a latency budget took from a file's plan (idle, or riding along
+  a request's generation: :class:`Alongside`);
+- the **cursor and open prefill** computes the plan a request at a cursor will make;
+- **calibration** measures the prefill speed the budget needs and builds the healer's index;
+- the **interruptible tokenizer** lets idle work tokenize a large document without making a request
+  wait.
+
+Each task is a generator of steps (one prefill chunk each) that the scheduler runs when no request
+waits, and closes (Cancelled) when one comes; it never calls into a request.
+
+Interruptible tokenizing: llama_tokenize is one C call: on a large document it can take seconds (a
+SentencePiece vocabulary is superlinear: 1 MiB took 12 s with gemma-3's), and idle work that
+tokenizes could not yield to a request meanwhile. Here the call runs on a helper thread (at the
+lowest CPU priority, so it never slows a request's decode) while the engine thread polls
+``should_stop``: when a request comes, the engine thread raises Cancelled at once and the call goes
+on in the background. Its result is kept: the idle task, run again later, finds its tokens there
+instead of starting over, so an interrupted prefill still makes progress. At most one such call runs
+at a time. Tokenizing reads only the vocabulary, which llama.cpp allows concurrently with decoding
+(llama-server does the same). Whoever frees the model first calls ``drain()``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Callable
+
+import logging
+import time
+
+import numpy as np
+
+from ..errors import Cancelled
+from ..request import CompletionRequest, Options
+from .decode import SHOWN, drive
+from .run import RunOptions, complete_steps, run_steps
+
+SMALL = 16 << 10  # characters tokenized inline: milliseconds, not worth a thread
+POLL = 0.005  # seconds between should_stop() polls
+KEEP = 2  # results kept (a plan tokenizes a prefix and a suffix)
+
+_lock = threading.Lock()
+_running: threading.Thread | None = None  # the last helper thread (it may outlive its caller)
+_done: deque = deque(maxlen=KEEP)  # (tokenize, text, args, kw, tokens) of finished calls
+
+
+def interruptible(tokenize, should_stop):
+    """``tokenize`` with the same arguments and result, run as described above."""
+
+    def run(text, *args, **kw):
+        global _running
+        if len(text) <= SMALL or should_stop is None:
+            return tokenize(text, *args, **kw)
+        while True:
+            with _lock:
+                hit = next((d[4] for d in _done if d[0] == tokenize and d[2:4] == (args, kw) and d[1] == text), None)
+                busy = _running is not None and _running.is_alive()
+            if hit is not None:
+                return list(hit)
+            if not busy:
+                break
+            _running.join(POLL)  # an earlier call still runs: maybe it is this very text
+            if should_stop():
+                raise Cancelled()
+        fut: Future = Future()
+
+        def work():
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except (OSError, AttributeError):
+                pass
+            try:
+                tokens = tokenize(text, *args, **kw)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting engine thread
+                fut.set_exception(e)
+                return
+            with _lock:
+                _done.append((tokenize, text, args, kw, tokens))
+            fut.set_result(tokens)
+
+        _running = threading.Thread(target=work, name="efim-tokenize", daemon=True)
+        _running.start()
+        while True:
+            try:
+                return list(fut.result(POLL))
+            except TimeoutError:
+                if should_stop():
+                    raise Cancelled() from None
+
+    return run
+
+
+def drain(timeout: float | None = None) -> None:
+    """Wait for a call still running in the background. Call it before the model is freed: the
+    call reads the model's vocabulary."""
+    t = _running
+    if t is not None:
+        t.join(timeout)
+
+
+@contextmanager
+def interruptible_planning(planner, should_stop):
+    """Within the block, ``planner`` tokenizes interruptibly (idle work only: the engine thread)."""
+    plain = planner.tokenize
+    planner.tokenize = interruptible(plain, should_stop)
+    try:
+        yield
+    finally:
+        planner.tokenize = plain
+
+
+log = logging.getLogger("efim.engine")
+
+
+# -- growth ---------------------------------------------------------------------------------------
+def reduced(engine, path: str | None) -> bool:
+    """Whether the budget reduced ``path``'s current plan (growth has work to do)."""
+    f = engine.files.get(path) if path else None
+    return f is not None and f.session is not None and f.session.anchor is not None and f.session.anchor.reduced
+
+
+def grow_steps(engine, path: str, should_stop=None, light: bool = False):
+    """Put back the context a latency budget took from ``path``'s plan (steps).
+
+    Prefills the full plan's stable part, and the text typed since the anchor after it (EFIM), in
+    another slot than the request's, in chunks of ``idle_chunk`` tokens (Cancelled when
+    ``should_stop`` says stop; what was decoded stays in the slot, so the next run goes on from
+    there). When it is complete, the file's anchor becomes the full one, so the next keystroke
+    finds it cached. ``light``: between a request's tokens (no state saved or restored)."""
+    if not reduced(engine, path):
+        return
+    session = engine.files.get(path).session
+    partial = session.anchor
+    full = engine.planner.full_anchor(partial, engine.config.max_tokens)
+    tokens = engine.planner.stable_tokens(session.layout, full, session.typed)
+    yield from run_steps(engine, tokens, Options(max_tokens=0), RunOptions(
+        path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True, light=light))
+    if session.anchor is partial:  # nothing re-anchored the file meanwhile
+        log.debug("%s: grown to the full plan (%d tokens)", path, len(tokens))
+        engine.files.set_anchor(path, full)
+        engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
+
+
+class Alongside:
+    """Growth riding along one request's generation, for a request whose plan the budget reduced.
+
+    After each generated token, once some text went out, ``step()`` may grow the plan by one chunk
+    (another slot: the answer is unchanged), spending ``grow_share`` of the time, until
+    ``grow_window_ms`` after the request came. While someone types, the next keystroke most likely
+    comes within the window and supersedes the completion; past it they are waiting for it, at full
+    speed. ``yield_to()`` says other work waits: growth does not run then."""
+
+    def __init__(self, engine, path: str | None, t0: float, should_stop=None, yield_to=None):
+        self.engine, self.path, self.should_stop, self.yield_to = engine, path, should_stop, yield_to
+        cfg = engine.config
+        self.share, self.window = cfg.grow_share, t0 + cfg.grow_window_ms / 1e3
+        self.on = self.share > 0 and len(engine.slots.slots) >= 2
+        self.next_at = 0.0
+
+    def step(self) -> None:
+        """One growth chunk, if it is due (the engine thread, between two of the request's steps)."""
+        t = time.perf_counter()
+        if not self.on or t < self.next_at or t >= self.window or not reduced(self.engine, self.path):
+            return
+        if self.yield_to is not None and self.yield_to():
+            return
+        deadline = t + self.engine.config.idle_chunk_ms / 1e3
+        stop = lambda: (time.perf_counter() >= deadline or (self.should_stop is not None and self.should_stop())
+                        or (self.yield_to is not None and self.yield_to()))
+        try:
+            drive(grow_steps(self.engine, self.path, stop, light=True))
+        except Cancelled:
+            pass
+        except Exception:  # noqa: BLE001 - optional work never fails the request
+            log.exception("growth during generation failed")
+            self.on = False
+            return
+        done = time.perf_counter()
+        self.next_at = done + (done - t) * (1 - self.share) / self.share
+
+
+def drive_riding(steps, ride: Alongside):
+    """Run a request's steps to the end, growing alongside after each token that showed text."""
+    while True:
+        try:
+            kind = next(steps)
+        except StopIteration as done:
+            return done.value
+        if kind == SHOWN:
+            ride.step()
+
+
+# -- prefill and calibration -------------------------------------------------------------------
+def prefill_steps(engine, path: str, text: str, cursor: int, should_stop=None):
+    """Compute the plan anchored at ``cursor`` as a request there would plan it (within the latency
+    budget: the next keystroke finds its own anchor cached), then grow it to the full plan (steps;
+    Cancelled when ``should_stop`` says so, keeping what was computed)."""
+    req = CompletionRequest(text, cursor, path=path, max_tokens=0)
+    yield from complete_steps(engine, req, RunOptions(should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
+    yield from grow_steps(engine, path, should_stop)
+
+
+def warm_steps(engine, path: str, text: str, cursor: int, should_stop):
+    """:func:`prefill_steps`, tokenizing interruptibly (a request never waits for the tokenizer)."""
+    with interruptible_planning(engine.planner, should_stop):
+        yield from prefill_steps(engine, path, text, cursor, should_stop)
+
+
+def calibrate_steps(engine, should_stop=None, n: int = 64):
+    """Measure prefill speed (for the latency budget) over ``4 * n`` tokens in chunks of ``n``, at
+    growing context sizes (one pass: every prefill after it refines the speed), and build the token
+    healer's index (steps).
+
+    Uses an empty slot (none: the requests so far have measured it) and leaves it empty; it is not a
+    request, so nothing is counted or saved."""
+    if engine.default_heal:
+        engine.decoder.healer  # noqa: B018 - built now, not on the first keystroke (it reads the vocabulary)
+    slot = next((s for s in engine.slots.free() if not len(s.tokens)), None)
+    if engine.speed.known or slot is None:
+        return
+    seed = np.asarray(engine.model.tokenize("def f(x):\n    return x + 1\n"), dtype=np.int32)
+    tokens = np.resize(seed, 4 * n)
+    try:  # chunks of a growing context: the decoder observes each (a per-token and a context cost)
+        yield from engine.decoder.prefill_steps(slot, tokens, 0, should_stop, n)
+    finally:
+        engine.reuse.clear(slot)
+
+
+def idle_chunk(engine, n_ctx: int) -> int:
+    """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about
+    ``idle_chunk_ms`` on this machine now, within [8, idle_chunk_tokens]."""
+    cap = engine.config.idle_chunk_tokens
+    if not engine.speed.known:
+        return cap
+    return max(8, min(cap, engine.speed.max_new(engine.config.idle_chunk_ms, n_ctx)))
+
+
+TaskFn = Callable  # (engine, should_stop) -> a generator of steps, or None when done at once

@@ -1,0 +1,44 @@
+"""What a request gets: the completion, its token counts and its timings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class TokenCounts:
+    prompt: int = 0
+    cached: int = 0
+    evaluated: int = 0
+    generated: int = 0
+
+
+@dataclass
+class Timings:
+    prompt_ms: float = 0.0  # planning + prefill + first token
+    predict_ms: float = 0.0
+    total_ms: float = 0.0
+    plan_ms: float = 0.0  # planning alone (tokenizing the middle, anchoring)
+
+
+@dataclass
+class Completion:
+    """What a request got: the text, why it stopped, and where its KV came from."""
+
+    text: str
+    stop_reason: str
+    layout: str
+    tokens: TokenCounts = field(default_factory=TokenCounts)
+    timings: Timings = field(default_factory=Timings)
+    reanchor: str | None = None
+    slot: int = -1
+    cache_tier: str = "none"  # where the reused KV came from: slot, ram, disk or none
+    trimmed: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)  # tokens of prefix and suffix used; reduced by the budget?
+    sparse: dict | None = None  # the sparse restore's report (approximate!), or why it fell back
+    token_ids: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("token_ids")
+        return d

@@ -1,0 +1,156 @@
+"""A request as steps: plan it, fit it to the budget, find where its KV starts, prefill, generate.
+
+Each function here is a generator of steps (``decode.PREFILL``, ``TOKEN``, ``SHOWN``) that returns
+its result: the scheduler (``scheduler.py``) decides which work takes the next step; ``drive()``
+runs one to its end (the library API, tests).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import Cancelled, InvalidParams
+from ..llama import Sampler, SamplerParams
+from ..prompt.healing import Healer
+from ..prompt.planner import Plan, line_start
+from ..request import CompletionRequest, Options
+from .completion import Completion, Timings, TokenCounts
+from .stream import StopRules
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a token prompt is run, beyond the request's options.
+
+    ``cold`` ignores all cached KV; ``idle`` work leaves the KV of the requests' slots whole (it
+    grows a copy); ``light`` work (growth between a request's tokens) never saves or restores a
+    state (see Reuse.start). ``checkpoint`` is the prompt length worth saving for sliding-window
+    models. ``should_stop()`` is polled between batches (of at most ``chunk`` tokens) and tokens;
+    when true, Cancelled is raised. ``heal`` is text backed off the prompt that the first tokens must
+    spell out again; ``closers``: auto-paired closers after the cursor, where the answer stops."""
+
+    path: str | None = None
+    cold: bool = False
+    idle: bool = False
+    light: bool = False
+    checkpoint: int | None = None
+    heal: bytes = b""
+    closers: str = ""
+    chunk: int | Callable[[int], int] | None = None
+    should_stop: Callable[[], bool] | None = None
+    on_text: Callable[[str], None] | None = None
+    t0: float | None = None
+
+
+def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
+    """Decode a token prompt in the best slot and generate (steps; returns a Completion)."""
+    t0 = ro.t0 if ro.t0 is not None else time.perf_counter()
+    engine.fit_threads()
+    prompt = np.asarray(tokens, dtype=np.int32)
+    if len(prompt) == 0:
+        raise InvalidParams("invalid params: the prompt is empty")
+    want_sparse = how.sparse if how.sparse is not None else engine.config.sparse_budget > 0
+    start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light)
+    slot = start.slot
+    max_tokens = engine.max_tokens(how)
+    room = engine.config.context.n_ctx_seq - len(prompt)
+    rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=how.stop_at_newline,
+                      max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers)
+    if not ro.idle:  # other work between this request's steps never picks, evicts or empties its slot
+        engine.slots.busy.add(slot.seq)
+    counts = TokenCounts(prompt=len(prompt))
+    try:
+        evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop, ro.chunk)
+        counts.cached, counts.evaluated = len(prompt) - evaluated, evaluated
+        with Sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
+            gen = yield from engine.decoder.generate_steps(slot, len(prompt), sampler, rules, ro.on_text,
+                                                           how.ignore_eog, ro.should_stop, ro.heal)
+    except Cancelled as e:
+        if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
+            counts.generated = e.data["generated"]
+            e.data = {"tokens": asdict(counts), "timings": {"prompt_ms": (e.data["first_token_at"] - t0) * 1e3}}
+        raise
+    finally:
+        engine.slots.busy.discard(slot.seq)
+        engine.reuse.finish(start, ro.path, len(prompt), ro.checkpoint, ro.cold, ro.idle)
+    t2 = time.perf_counter()
+    reason = gen.reason
+    if reason == "max_tokens" and room < max_tokens:
+        reason = "context_full"
+    counts.generated = len(gen.ids)
+    first = gen.t_first or t2
+    # A short reuse (under the slot manager's min_reuse) still came from the slot.
+    tier = ("slot" if start.tier == "none" else start.tier) if counts.cached else "none"
+    return Completion(
+        text=gen.stream.text, stop_reason=reason, layout="tokens", tokens=counts,
+        timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
+        slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids)
+
+
+def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()):
+    """Plan a request (within its latency budget), heal its partial word, run it (steps; returns a
+    Completion that reports the context it used)."""
+    t0 = time.perf_counter()
+    plan = fit_budget(engine, req, engine.plan(req))
+    engine.files.set_typed(req.path, plan.middle_tokens)
+    tokens, heal = plan.tokens, b""
+    want_heal = engine.default_heal if req.how.heal is None else req.how.heal
+    if want_heal and plan.middle_tokens and Healer.should_heal(engine.model.piece(plan.middle_tokens[-1])):
+        # Back off the middle's last token; generation must spell it out again.
+        cut = plan.middle_start + len(plan.middle_tokens) - 1
+        heal = engine.model.piece(tokens[cut])
+        tokens = tokens[:cut] + tokens[cut + 1:]
+    plan_ms = (time.perf_counter() - t0) * 1e3
+    context = {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
+               "reduced": plan.reduced}
+    if plan.closers:
+        context["closers"] = plan.closers
+    ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
+                    idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text)
+    try:
+        out = yield from run_steps(engine, tokens, req.how, ro)
+    except Cancelled as e:
+        if isinstance(e.data, dict):  # cancelled while generating: say what it answered from
+            e.data.update(context=context, reanchor=plan.reanchor)
+        raise
+    out.timings.plan_ms = plan_ms
+    out.layout = plan.layout
+    out.reanchor = plan.reanchor
+    if plan.prefix_trimmed or plan.suffix_trimmed:
+        out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
+    out.context = context
+    return out
+
+
+def budget_ms(engine, how: Options) -> float:
+    """A request's latency budget for its prompt, in ms (0: none)."""
+    return how.max_prompt_ms if how.max_prompt_ms is not None else engine.config.max_prompt_ms
+
+
+def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
+    """``plan``, or a reduced one if its new tokens would not be prefilled within the request's
+    budget. Cached tokens are free: a reduced plan keeps the head of the prefix that a slot already
+    holds (idle growth computes it from the file's top), then spends the budget on the context
+    nearest the cursor. A reduced plan stays until growth has computed the full one: a re-plan on a
+    partly grown head would cost up to the budget, and take (and cut) the slot the growth is in."""
+    budget = budget_ms(engine, req.how)
+    speed = engine.speed
+    if budget <= 0 or not speed.known:
+        return plan
+    peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32))
+    have = peek(plan.tokens)
+    if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
+        return plan
+    session = engine.session(req.path)
+    anchor = session.anchor
+    engine.log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,
+                     len(plan.tokens))
+    # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line never
+    # tokenizes the file again.
+    same = plan.reanchor is not None and anchor.offset == line_start(req.text, req.cursor)
+    return engine.planner.plan(session, req.text, req.cursor, req.how.layout, reserve=engine.max_tokens(req.how),
+                               cached=peek, budget_for=lambda n_cached: speed.max_new(budget, n_cached),
+                               pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)

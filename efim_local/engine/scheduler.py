@@ -1,0 +1,333 @@
+"""The scheduler: one owner of the engine's time.
+
+Work is small steps (``run.py``, ``background.py``): a request's prefill batch, one generated token,
+a growth chunk, an idle prefill chunk, calibration, a save. Like llama.cpp server's slot loop, one
+thread takes one step at a time and picks the next by priority:
+
+1. calls (status, test hooks: short, synchronous);
+2. a waiting request: it starts at once, between two steps of any other;
+3. requests already running: prefill before generation, generation in turns, one token each; growth
+   rides along a reduced request's generation (``background.Alongside``) when no request waits;
+4. after a short grace, background work, the file of the latest request first (it is nearest the
+   cursor); a background task is closed as soon as a request or a call comes, and queued again;
+5. after a quiet spell, saving dirty slots.
+
+Requests never wait for background work beyond one step (or one tokenizer poll); background work
+never calls into a request. The queues are thread-safe: connection threads submit, the engine
+thread runs :meth:`Scheduler.run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import Busy, Cancelled
+from ..request import CompletionRequest
+from .background import Alongside
+from .decode import PREFILL, SHOWN
+from .run import RunOptions, complete_steps
+
+log = logging.getLogger("efim.engine")
+
+SAVE_DELAY = 0.5  # seconds of quiet before dirty slots are saved: a burst of keystrokes is saved once
+IDLE_GRACE = 0.05  # seconds after a reply before idle work starts: a request right behind it never waits
+
+
+@dataclass(eq=False)
+class RequestTask:
+    """A completion to run. ``done(completion, error)`` is called on the engine thread when it ends
+    (exactly one of them is None); ``key`` names its document: a newer task with the same key
+    supersedes it."""
+
+    key: Any
+    request: CompletionRequest
+    done: Callable[[Any, BaseException | None], None]
+    on_text: Callable[[str], None] | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = field(default_factory=time.monotonic)
+    max_wait: float = 30.0  # seconds it may wait in the queue before it is answered "busy"
+    steps: Any = None  # the running generator
+    phase: str = "queued"  # queued | prefill | generate
+    ride: Alongside | None = None
+    owner: Any = None  # the caller's own record of it (the daemon's job)
+
+
+@dataclass(eq=False)
+class BackgroundTask:
+    """``fn(engine, should_stop)``: returns a generator of steps, or None when it did its work at once."""
+
+    key: Any
+    fn: Callable
+    path: str | None = None  # the file it works for (the latest request's file goes first)
+    steps: Any = None
+
+
+class Scheduler:
+    """The engine's queues and the loop that runs them (see the module's docstring)."""
+
+    def __init__(self, engine, queue_size: int = 16):
+        self.engine = engine
+        self.queue_size = queue_size
+        self.cond = threading.Condition()
+        self.waiting: deque[RequestTask] = deque()
+        self.running: list[RequestTask] = []  # started, in the order they take turns
+        self.calls: deque[tuple[Callable, Future]] = deque()
+        self.background: deque[BackgroundTask] = deque()
+        self.current: BackgroundTask | None = None  # the background task that has started
+        self.stopping = False
+        self.last_path: str | None = None
+        self.save_at: float | None = None
+        self.idle_at = 0.0
+
+    # -- called from any thread ------------------------------------------------------------
+    def submit(self, task: RequestTask) -> list[RequestTask]:
+        """Queue a request; returns the queued tasks it superseded (the caller answers them).
+        Raises Busy when the queue is full. A running task with the same key is cancelled."""
+        with self.cond:
+            superseded = [t for t in self.waiting if t.key == task.key]
+            for old in superseded:
+                self.waiting.remove(old)
+            for t in self.running:
+                if t.key == task.key:
+                    t.cancelled.set()
+            if len(self.waiting) >= self.queue_size:
+                full = True
+            else:
+                full = False
+                self.waiting.append(task)
+                self.cond.notify()
+        if full:
+            raise Busy(f"busy: {self.queue_size} requests queued, retry later")
+        return superseded
+
+    def cancel(self, match: Callable[[RequestTask], bool]) -> tuple[RequestTask | None, bool]:
+        """Cancel the first task ``match`` accepts: (the task, whether it was still queued — then
+        the caller answers it; a running one answers itself "cancelled")."""
+        with self.cond:
+            queued = next((t for t in self.waiting if match(t)), None)
+            if queued is not None:
+                self.waiting.remove(queued)
+                return queued, True
+            running = next((t for t in self.running if match(t)), None)
+            if running is not None:
+                running.cancelled.set()
+            return running, False
+
+    def call(self, fn: Callable, timeout: float = 30.0) -> Any:
+        """Run ``fn(engine)`` on the engine thread and return its result."""
+        fut: Future = Future()
+        with self.cond:
+            self.calls.append((fn, fut))
+            self.cond.notify()
+        return fut.result(timeout)
+
+    def post(self, fn: Callable) -> None:
+        """Run ``fn(engine)`` on the engine thread, without waiting."""
+        with self.cond:
+            self.calls.append((fn, Future()))
+            self.cond.notify()
+
+    def add_background(self, fn: Callable, key: Any = None, path: str | None = None) -> None:
+        """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
+        is replaced (the newer one knows better, e.g. the cursor moved again)."""
+        with self.cond:
+            if key is not None:
+                for old in [w for w in self.background if w.key == key]:
+                    self.background.remove(old)
+            self.background.append(BackgroundTask(key, fn, path))
+            self.cond.notify()
+
+    def pending_background(self) -> int:
+        """Background tasks queued or started."""
+        with self.cond:
+            return len(self.background) + (self.current is not None)
+
+    def queued(self) -> int:
+        with self.cond:
+            return len(self.waiting)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+
+    def waits(self) -> bool:
+        """Whether a request or a call waits (background work stops for it)."""
+        return bool(self.waiting) or bool(self.calls) or self.stopping
+
+    def orphans(self) -> list[RequestTask]:
+        """The started requests, taken away (the engine thread died: the caller answers them)."""
+        with self.cond:
+            tasks, self.running = self.running, []
+            self.current = None
+        for t in tasks:
+            try:
+                if t.steps is not None:
+                    t.steps.close()  # its slot is no longer a request's
+            except Exception:  # noqa: BLE001 - the thread that ran it died: best effort
+                pass
+        self.engine.slots.busy.clear()
+        return tasks
+
+    # -- the engine thread -----------------------------------------------------------------
+    def run(self) -> None:
+        """The loop: one step at a time, until stop()."""
+        while True:
+            with self.cond:
+                save = self._wait()
+                if self.calls:
+                    work = ("call", self.calls.popleft())
+                elif self.waiting:
+                    work = ("start", self.waiting.popleft())
+                    self.running.insert(0, work[1])
+                elif self.running:
+                    work = ("step", self.running[0])
+                elif self.stopping:
+                    self._close_background()
+                    return
+                elif save:
+                    work = ("save", None)
+                else:
+                    work = ("background", None)
+            kind, item = work
+            if kind != "background":
+                self._close_background()  # a request or a call comes first: background work goes on later
+            if kind == "call":
+                self._call(*item)
+            elif kind in ("start", "step"):
+                self._step(item)
+            elif kind == "save":
+                self.save_at = None
+                self._quietly(self.engine.flush)  # a pause in typing: keep the states
+            else:
+                self._background_step()
+
+    def _wait(self) -> bool:
+        """Wait (holding the lock) until there is work; True when it is time to save."""
+        while not (self.calls or self.waiting or self.running or self.stopping):
+            now = time.monotonic()
+            ready = self.background or self.current is not None
+            if ready and now >= self.idle_at:
+                return False
+            if self.save_at is not None and now >= self.save_at:
+                return True
+            waits = [t - now for t in (self.save_at, self.idle_at if ready else None) if t is not None]
+            self.cond.wait(min(waits) if waits else None)
+        return False
+
+    def _step(self, task: RequestTask) -> None:
+        """One step of a request: start it, or its next prefill batch or token."""
+        try:
+            if task.steps is None:
+                if task.cancelled.is_set():
+                    raise Cancelled()
+                if time.monotonic() - task.queued_at > task.max_wait:
+                    raise Busy(f"busy: waited more than {task.max_wait:.0f} s in the queue")
+                self.last_path = task.request.path
+                t0 = time.perf_counter()
+                task.ride = Alongside(self.engine, task.request.path, t0, task.cancelled.is_set, self.waits)
+                task.steps = complete_steps(self.engine, task.request, RunOptions(
+                    on_text=task.on_text, should_stop=task.cancelled.is_set))
+            kind = next(task.steps)
+        except StopIteration as done:
+            self._end(task, done.value, None)
+            return
+        except BaseException as e:  # noqa: BLE001 - handed to the task's owner (SystemExit too)
+            self._end(task, None, e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        task.phase = "prefill" if kind == PREFILL else "generate"
+        if kind == SHOWN:
+            task.ride.step()
+        with self.cond:  # generation takes turns; a prefill goes on first
+            if task.phase == "generate" and len(self.running) > 1 and self.running[0] is task:
+                self.running.append(self.running.pop(0))
+
+    def _end(self, task: RequestTask, out, err) -> None:
+        with self.cond:
+            if task in self.running:
+                self.running.remove(task)
+        task.steps = None
+        now = time.monotonic()
+        self.save_at, self.idle_at = now + SAVE_DELAY, now + IDLE_GRACE
+        try:
+            task.done(out, err)
+        except Exception:  # noqa: BLE001 - a reply that cannot be sent never stops the engine
+            log.exception("answering a request failed")
+
+    def _background_step(self) -> None:
+        """One step of background work: the started task, else the next (the latest file's first)."""
+        with self.cond:
+            if self.current is None:
+                if not self.background:
+                    return
+                first = next((t for t in self.background if t.path is not None and t.path == self.last_path),
+                             self.background[0])
+                self.background.remove(first)
+                self.current = first
+            task = self.current
+        try:
+            if task.steps is None:
+                task.steps = task.fn(self.engine, self.waits)
+                if task.steps is None:
+                    raise StopIteration
+            next(task.steps)
+        except StopIteration:
+            self._drop_current()
+        except Cancelled:  # a request came while it tokenized: go on later
+            self._requeue_current()
+        except Exception:  # noqa: BLE001 - background work never takes the engine thread down
+            log.exception("background work failed")
+            self._drop_current()
+
+    def _close_background(self) -> None:
+        """Stop the started background task (what it computed stays in its slot) and queue it again."""
+        task = self.current
+        if task is None or task.steps is None:
+            return
+        try:
+            task.steps.throw(Cancelled())
+        except (Cancelled, StopIteration):
+            pass
+        except Exception:  # noqa: BLE001
+            log.exception("background work failed")
+            self._drop_current()
+            return
+        self._requeue_current()
+
+    def _requeue_current(self) -> None:
+        with self.cond:
+            task, self.current = self.current, None
+            if task is None:
+                return
+            task.steps = None
+            # unless a newer task took its place
+            if task.key is None or all(w.key != task.key for w in self.background):
+                self.background.appendleft(task)
+
+    def _drop_current(self) -> None:
+        with self.cond:
+            self.current = None
+
+    def _call(self, fn, fut: Future) -> None:
+        try:
+            fut.set_result(fn(self.engine))
+        except Exception as e:  # handed to the caller
+            fut.set_exception(e)
+        except BaseException as e:  # SystemExit and the like end the thread (the watchdog restarts it)
+            fut.set_exception(e)
+            raise
+
+    @staticmethod
+    def _quietly(fn) -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - saving never takes the engine thread down
+            log.exception("background work failed")

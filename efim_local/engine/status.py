@@ -1,0 +1,42 @@
+"""What an engine reports about itself (``efim status`` and the daemon's status)."""
+
+from __future__ import annotations
+
+from ..llama._lib import library_info
+
+
+def sparse_status(engine) -> str:
+    """'off', 'on: budget 20%' or 'unavailable: <reason>' (InfiniGen sparse restore)."""
+    if engine.config.sparse_budget <= 0:
+        return "off"
+    if engine.sparse.reason:
+        return f"unavailable: {engine.sparse.reason}"
+    return f"on: budget {engine.config.sparse_budget:.0%} of states >= {engine.sparse.min_tokens} tokens"
+
+
+def slot_info(engine) -> list[dict]:
+    return [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens)} for s in engine.slots.slots]
+
+
+def engine_status(engine) -> dict:
+    """What is loaded and how it is used."""
+    ctx = engine.config.context
+    cores = engine.cores
+    return {
+        "model": str(engine.model.path), "description": engine.model.description(), **library_info(),
+        "layout": engine.default_layout, "layout_reason": engine.layout_reason,
+        "heal": engine.default_heal, "heal_reason": engine.heal_reason,
+        "fragment_trained": engine.fragment_trained,
+        "template": engine.template.source, "n_slots": ctx.n_slots, "n_ctx_seq": ctx.n_ctx_seq,
+        "threads": engine.ctx.n_threads, "threads_batch": engine.ctx.n_threads_batch,
+        "threads_auto": cores is not None,
+        "cores_free": cores.free if cores else None,
+        "cores_used_by_others": round(cores.others, 2) if cores else None,
+        "type_k": ctx.type_k, "type_v": ctx.type_v,
+        "flash_attn": ctx.flash_attn, "offload_kqv": ctx.offload_kqv,
+        "sliding_window": engine.model.n_swa, "swa_strategy": engine.swa_strategy,
+        "state_restore": "whole-state checkpoints" if engine.swa else "longest prefix",
+        "sparse_restore": sparse_status(engine),
+        "slots": slot_info(engine),
+        "store": engine.store.stats() if engine.store else None,
+    }
