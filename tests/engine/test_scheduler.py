@@ -1,0 +1,159 @@
+"""The scheduler: a waiting request goes first, generation takes turns, background work yields within
+one step and goes on later; answers of interleaved requests equal their plans computed cold."""
+
+import threading
+
+import pytest
+
+from efim_local.engine import CompletionRequest, Engine
+from efim_local.engine.scheduler import RequestTask, Scheduler
+from efim_local.errors import Cancelled
+
+from tests.helpers import small_config, sources
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    with Engine(small_config(n_ctx_seq=2048), tiny_model) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    with Engine(small_config(n_ctx_seq=2048, n_slots=1), tiny_model) as e:
+        yield e
+
+
+@pytest.fixture
+def scheduler(engine):
+    engine.clear_slots()
+    s = Scheduler(engine)
+    t = threading.Thread(target=s.run, daemon=True)
+    t.start()
+    yield s
+    s.stop()
+    t.join(TIMEOUT)
+    assert not t.is_alive()
+
+
+class Recorder:
+    """Events in the order the engine thread produced them, and each request's outcome."""
+
+    def __init__(self):
+        self.events, self.results, self.cond = [], {}, threading.Condition()
+
+    def task(self, name, req, on_first_text=None, key=None):
+        def on_text(text):
+            if on_first_text is not None and not any(e == (name, "text") for e in self.events):
+                on_first_text()
+            self.events.append((name, "text"))
+
+        def done(out, err):
+            with self.cond:
+                self.events.append((name, "done"))
+                self.results[name] = (out, err)
+                self.cond.notify_all()
+
+        return RequestTask(key or name, req, done, on_text)
+
+    def wait(self, *names):
+        with self.cond:
+            assert self.cond.wait_for(lambda: all(n in self.results for n in names), TIMEOUT), self.results
+
+
+def request(i, cursor_at, max_tokens):
+    text = sources()[i][:3000]
+    cur = text.index("\n", cursor_at) + 1
+    return CompletionRequest(text, cur, path=f"sched-{i}.py", layout="efim", max_tokens=max_tokens, ignore_eog=True)
+
+
+def cold(reference, engine, req, out):
+    plan = engine.plan(req)  # the anchor is the file's own: the same plan again
+    want = reference.run(plan.tokens, req.how, cold=True)
+    assert out.token_ids == want.token_ids
+
+
+def test_a_waiting_request_starts_between_the_tokens_of_another(scheduler, engine, reference):
+    """B comes while A generates: B's prefill runs before A's next token, and with generation taking
+    turns B (8 tokens) ends long before A (48). Both answers equal their plans computed cold."""
+    rec = Recorder()
+    a, b = request(0, 1500, 48), request(1, 1500, 8)
+    scheduler.submit(rec.task("A", a, on_first_text=lambda: scheduler.submit(rec.task("B", b))))
+    rec.wait("A", "B")
+    assert rec.events.index(("B", "done")) < rec.events.index(("A", "done"))
+    # A went on generating while B ran: its texts come on both sides of B's end.
+    b_done = rec.events.index(("B", "done"))
+    assert ("A", "text") in rec.events[b_done:] and rec.events[:b_done].count(("A", "text")) < 40
+    (out_a, err_a), (out_b, err_b) = rec.results["A"], rec.results["B"]
+    assert err_a is None and err_b is None
+    cold(reference, engine, a, out_a)
+    cold(reference, engine, b, out_b)
+    assert not engine.slots.busy
+
+
+def test_a_superseded_request_is_cancelled(scheduler):
+    rec = Recorder()
+    a = request(2, 1000, 48)
+    scheduler.submit(rec.task("A", a, key="doc", on_first_text=lambda: scheduler.submit(rec.task("A2", a, key="doc"))))
+    rec.wait("A", "A2")
+    out, err = rec.results["A"]
+    assert out is None and isinstance(err, Cancelled)
+    assert rec.results["A2"][1] is None
+
+
+def test_background_work_yields_within_one_step_and_goes_on_later(scheduler, engine):
+    """A request that comes during a background task runs before the task's next step; the task is
+    closed (Cancelled at its yield), queued again and run to its end afterwards."""
+    rec = Recorder()
+    log, started = [], threading.Event()
+
+    def task(engine, should_stop):
+        run = len([e for e in log if e == "start"])
+        log.append("start")
+        try:
+            for i in range(6):
+                log.append(("step", run, i))
+                if run == 0 and i == 2:
+                    scheduler.submit(rec.task("R", request(3, 800, 4)))
+                yield "prefill"
+        except Cancelled:
+            log.append(("closed", run, i))
+            raise
+        log.append("finished")
+        started.set()
+
+    scheduler.add_background(task, key="bg")
+    rec.wait("R")
+    assert started.wait(TIMEOUT)
+    # The request came while step 2 ran: step 3 never ran before the task was closed.
+    assert log[:5] == ["start", ("step", 0, 0), ("step", 0, 1), ("step", 0, 2), ("closed", 0, 2)]
+    assert log[5] == "start" and log[-1] == "finished"
+    assert rec.results["R"][1] is None
+    assert scheduler.pending_background() == 0
+
+
+def test_background_work_for_the_latest_request_goes_first(scheduler, engine):
+    rec = Recorder()
+    order, gate, both = [], threading.Event(), threading.Event()
+
+    def work(name):
+        def fn(engine, should_stop):
+            order.append(name)
+            if len(order) == 2:
+                both.set()
+        return fn
+
+    # Hold the engine thread in a call while the queue fills, so the order is the scheduler's choice.
+    held = threading.Thread(target=lambda: scheduler.call(lambda e: gate.wait(TIMEOUT), timeout=TIMEOUT))
+    held.start()
+    scheduler.add_background(work("other"), key="o", path="other.py")
+    req = request(0, 500, 2)
+    scheduler.add_background(work("latest"), key="l", path=req.path)
+    scheduler.submit(rec.task("R", req))
+    gate.set()
+    held.join(TIMEOUT)
+    rec.wait("R")
+    assert both.wait(TIMEOUT)
+    assert order == ["latest", "other"]
