@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import Cancelled, InvalidParams
 from ..llama import Sampler, SamplerParams
 from ..prompt.healing import Healer
-from ..prompt.planner import Plan, line_start
+from ..prompt.planner import Budget, Plan, line_start
 from ..request import CompletionRequest, Options
 from .completion import Completion, Timings, TokenCounts
 from .stream import StopRules
@@ -152,5 +152,5 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
     # tokenizes the file again.
     same = plan.reanchor is not None and anchor.offset == line_start(req.text, req.cursor)
     return engine.planner.plan(session, req.text, req.cursor, req.how.layout, reserve=engine.max_tokens(req.how),
-                               cached=peek, budget_for=lambda n_cached: speed.max_new(budget, n_cached),
+                               budget=Budget(cached=peek, new_for=lambda n_cached: speed.max_new(budget, n_cached)),
                                pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)

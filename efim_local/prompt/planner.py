@@ -67,6 +67,7 @@ class Anchor:
     head: int = 0  # reduced: prefix tokens kept from the file's top (cached), before the dropped gap
     full_prefix: tuple[int, ...] = ()  # the untrimmed pieces, so a budget or growth never re-tokenizes
     full_suffix: tuple[int, ...] = ()
+    window: int = 0  # files bigger than a slot: the prefix starts at this token of the file (aligned, sticky)
 
 
 @dataclass
@@ -93,6 +94,21 @@ class Plan:
     suffix_trimmed: int = 0
     reduced: bool = False  # trimmed to fit a latency budget
     closers: str = ""  # auto-paired closers right after the cursor that the (kept) suffix lacks
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A latency budget for a re-anchor: ``tokens`` new prompt tokens at most, spent nearest the cursor.
+    With ``cached(tokens)`` (how many leading tokens of a sequence the KV cache already holds) the
+    cached head of the prefix is kept for free, and ``new_for(n_cached)`` gives the new tokens
+    affordable after it."""
+
+    tokens: int | None = None
+    cached: Callable[[tuple[int, ...]], int] | None = None
+    new_for: Callable[[int], int] | None = None
+
+    def new_tokens(self, n_cached: int) -> int:
+        return self.new_for(n_cached) if self.new_for is not None else self.tokens
 
 
 @dataclass(frozen=True)
@@ -128,16 +144,11 @@ class Planner:
     limits: PlannerLimits = field(default_factory=PlannerLimits)
 
     def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None,
-             reserve: int | None = None, budget_tokens: int | None = None,
-             cached: Callable[[tuple[int, ...]], int] | None = None,
-             budget_for: Callable[[int], int] | None = None,
+             reserve: int | None = None, budget: Budget | None = None,
              pieces: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Plan:
         """Plan a request; ``reserve`` is the room kept for output (default: the limits').
 
-        ``budget_tokens``: re-anchor now with at most this many new prompt tokens (the latency
-        budget), spent nearest the cursor. With ``cached(tokens)`` (how many leading tokens of a
-        sequence the KV cache already holds), the cached head of the prefix is kept for free, and
-        ``budget_for(n_cached)`` gives the new tokens affordable after it. ``pieces``: the prefix and
+        ``budget``: re-anchor now within a latency budget (see Budget). ``pieces``: the prefix and
         suffix tokens of an anchor just made at this cursor, so they are not tokenized again."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         if not 0 <= cursor <= len(text):
@@ -151,7 +162,7 @@ class Planner:
         if reason == SUFFIX_CHANGED:
             closers = auto_closers(session.anchor.suffix_text, text, cursor)
             reason = None if closers else reason
-        if budget_tokens is not None or budget_for is not None:
+        if budget is not None:
             reason = LATENCY_BUDGET
         if reason is None:
             anchor = session.anchor
@@ -162,7 +173,7 @@ class Planner:
             elif self._total(anchor.prefix_tokens, anchor.suffix_tokens, middle, reserve) > self.limits.n_ctx:
                 reason = CONTEXT_OVERFLOW
         if reason is not None:
-            anchor = self._anchor(text, cursor, reserve, budget_tokens, cached, budget_for, pieces)
+            anchor = self._anchor(text, cursor, reserve, budget, pieces, session.anchor)
             session.anchor = anchor
             session.reanchors += 1
             closers = ""
@@ -206,8 +217,8 @@ class Planner:
     def full_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor:
         """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
-        return self._fit(anchor.offset, anchor.prefix_text, anchor.suffix_text, 0, reserve,
-                         tokens=(anchor.full_prefix, anchor.full_suffix))
+        return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
+                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window)
 
     def head_tokens(self, prefix: tuple[int, ...]) -> tuple[int, ...]:
         """The tokens a plan starts with, up to and including ``prefix`` (PSM order); () for SPM."""
@@ -249,20 +260,39 @@ class Planner:
             return SUFFIX_CHANGED
         return None
 
-    def _anchor(self, text: str, cursor: int, reserve: int, budget_tokens: int | None = None,
-                cached=None, budget_for=None, pieces=None) -> Anchor:
+    def _anchor(self, text: str, cursor: int, reserve: int, budget: Budget | None = None, pieces=None,
+                last: Anchor | None = None) -> Anchor:
         offset = line_start(text, cursor)
         middle = self.tokenize(text[offset:cursor])
         if len(middle) > self.limits.max_middle_tokens:
             offset = cursor  # a very long line: anchor at the cursor itself
             middle = []
-        return self._fit(offset, text[:offset], text[cursor:], len(middle), reserve, budget_tokens, cached,
-                         budget_for, pieces)
+        return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces,
+                         last.window if last is not None else None)
 
-    def _fit(self, offset: int, prefix_text: str, suffix_text: str, n_middle: int, reserve: int,
-             budget_tokens: int | None = None, cached=None, budget_for=None, tokens=None) -> Anchor:
-        """Tokenize the pieces (unless ``tokens`` gives them) and trim them to the context, and to the
+    def window_step(self, room: int) -> int:
+        """How far a window moves at once: a sixteenth of the prefix's room (a few dozen lines)."""
+        return max(16, room // 16)
+
+    def window_start(self, n_prefix: int, room: int, last: int | None) -> int:
+        """Where the prefix of a file bigger than a slot starts: the window stays put while the
+        cursor moves inside it (so its KV is reused and a cursor jump costs the lines between and
+        the suffix), and moves in aligned steps when the cursor leaves it, with one to two steps of
+        room below the cursor (typing moves it down). It holds at least ``room`` - 3 steps."""
+        need = n_prefix - room  # tokens that must go
+        if need <= 0:
+            return 0
+        step = self.window_step(room)
+        if last is not None and need <= last <= need + 3 * step:
+            return last
+        return min(-(-(need + step) // step) * step, n_prefix)
+
+    def _fit(self, offset: int, texts: tuple[str, str], n_middle: int, reserve: int,
+             budget: Budget | None = None, tokens=None, window: int | None = None) -> Anchor:
+        """Tokenize the pieces (unless ``tokens`` gives them), cut the prefix to its window (a file
+        bigger than a slot; ``window``: the last anchor's), trim them to the context, and to the
         latency budget if one is given (see plan())."""
+        prefix_text, suffix_text = texts
         if tokens:
             prefix, suffix = list(tokens[0]), list(tokens[1])
         else:
@@ -270,29 +300,34 @@ class Planner:
         full = (tuple(prefix), tuple(suffix))
         # Leave room for the middle to grow to its limit before re-anchoring.
         room = min(self.limits.max_middle_tokens, self.limits.n_ctx // 4)
-        budget = self.limits.n_ctx - self._total((), (), (), reserve) - room
-        if budget < 16:
+        space = self.limits.n_ctx - self._total((), (), (), reserve) - room
+        if space < 16:
             raise PlanError(f"context of {self.limits.n_ctx} tokens is too small for this request")
+        # The prefix's share of the context: all but the suffix's (at least a quarter, when it has it).
+        prefix_room = space - min(len(suffix), max(space // 4, space - len(prefix)))
+        start = self.window_start(len(prefix), prefix_room, window)
+        prefix = prefix[start:]
+        limit = space
         reduced, head = False, 0
-        if budget_tokens is not None or budget_for is not None:
-            if cached is not None:  # the prefix's head already in a slot costs nothing
+        if budget is not None:
+            if budget.cached is not None:  # the window's head already in a slot costs nothing
                 lead = len(self.head_tokens(()))
-                head = max(0, min(cached(self.head_tokens(tuple(prefix))) - lead, len(prefix), budget))
+                head = max(0, min(budget.cached(self.head_tokens(tuple(prefix))) - lead, len(prefix), space))
                 head = head if head >= 16 else 0
-            new = budget_for(head) if budget_for is not None else budget_tokens
-            fits = head + max(0, new - self._total((), (), (), 0) - n_middle)
-            if fits < min(budget, len(prefix) + len(suffix)):
-                budget, reduced = fits, True
+            fits = head + max(0, budget.new_tokens(head) - self._total((), (), (), 0) - n_middle)
+            if fits < min(space, len(prefix) + len(suffix)):
+                limit, reduced = fits, True
             else:
                 head = 0
-        over = len(prefix) + len(suffix) - budget
+        over = len(prefix) + len(suffix) - limit
         p_cut = s_cut = 0
         if over > 0:
             # Nearby context matters most: keep up to 3/4 of the new tokens for the prefix's tail.
-            spend = budget - head
+            spend = limit - head
             keep_suffix = min(len(suffix), max(spend // 4, spend - (len(prefix) - head)))
             keep_tail = spend - keep_suffix
             p_cut, s_cut = len(prefix) - head - keep_tail, len(suffix) - keep_suffix
             prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
-        kept = (full[0] if not p_cut else tuple(prefix), full[1] if not s_cut else tuple(suffix))
-        return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], p_cut, s_cut, reduced, head, *full)
+        kept = (full[0] if not (p_cut or start) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
+        return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], start + p_cut, s_cut, reduced, head, *full,
+                      window=start)

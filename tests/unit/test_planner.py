@@ -196,7 +196,7 @@ def test_bad_requests():
 def test_latency_budget_keeps_the_context_nearest_the_cursor(doc, data, layout, budget):
     cursor = data.draw(st.integers(0, len(doc)))
     pl, s = make(MARKERS[2]), FileSession()
-    plan = pl.plan(s, doc, cursor, layout, budget_tokens=budget)
+    plan = pl.plan(s, doc, cursor, layout, budget=P.Budget(tokens=budget))
     assert plan.reanchor == P.LATENCY_BUDGET
     fixed = 7  # bos + two tokens per marker
     assert len(plan.tokens) <= max(budget, fixed + len(plan.middle_tokens))
@@ -215,3 +215,54 @@ def test_line_start(text, data):
     offset = data.draw(st.integers(0, len(text)))
     start = P.line_start(text, offset)
     assert start <= offset and "\n" not in text[start:offset] and (start == 0 or text[start - 1] == "\n")
+
+
+# -- files bigger than a slot: stable windows ---------------------------------------------------------
+BIG = "".join(f"line {i:04d} = value_{i} + other\n" for i in range(1500))  # ~50k fake tokens
+
+
+def common(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def test_a_cursor_move_inside_the_window_keeps_its_head():
+    """The prefix of a file bigger than the slot starts at an aligned token that stays put while the
+    cursor moves inside the window: the next plan shares everything up to the earlier anchor."""
+    pl, s = make(n_ctx=4096, max_middle_tokens=64), FileSession()
+    lines = BIG.splitlines(keepends=True)
+    at = lambda n: sum(map(len, lines[:n]))
+    first = pl.plan(s, BIG, at(800), "efim")
+    assert first.prefix_trimmed > 0 and s.anchor.window == first.prefix_trimmed
+    for n in (803, 795, 804):  # down, up, down: the window stays
+        plan = pl.plan(s, BIG, at(n), "efim")
+        assert plan.reanchor in (P.SUFFIX_CHANGED, P.CURSOR_BEFORE_ANCHOR) and s.anchor.window == first.prefix_trimmed
+    back = pl.plan(s, BIG, at(800), "efim")
+    assert back.tokens == first.tokens  # the same window and cursor: the same plan
+    moved = pl.plan(s, BIG, at(805), "efim")
+    # Everything up to the earlier anchor is shared: a jump costs the lines between and the suffix.
+    shared = common(back.tokens, moved.tokens)
+    assert shared >= 1 + len(back.prefix_tokens) - 1
+
+
+def test_the_window_moves_in_aligned_steps_when_the_cursor_leaves_it():
+    pl, s = make(n_ctx=4096, max_middle_tokens=64), FileSession()
+    lines = BIG.splitlines(keepends=True)
+    at = lambda n: sum(map(len, lines[:n]))
+    starts = []
+    for n in range(400, 1400, 50):
+        pl.plan(s, BIG, at(n), "efim")
+        starts.append(s.anchor.window)
+    assert starts == sorted(starts) and len(set(starts)) > 3  # it follows the cursor down...
+    steps = {b - a for a, b in zip(starts, starts[1:]) if b != a}
+    assert min(steps) >= 16  # ...in steps, never token by token
+
+
+def test_a_small_file_has_no_window():
+    pl, s = make(), FileSession()
+    plan = pl.plan(s, BIG[:2000], 1000, "efim")
+    assert s.anchor.window == 0 and plan.prefix_trimmed == 0
