@@ -133,7 +133,7 @@ def status(as_json, **model_kw):
             "flash_attn", "offload_kqv", "sliding_window", "swa_strategy", "state_restore", "sparse_restore", "via")
     out = {k: info[k] for k in keys if k in info}
     if info["via"] == "daemon":
-        out.update(daemon_pid=info["pid"], socket=info["socket"])
+        out.update(daemon_pid=info["pid"], socket=info["socket"], context=info["requests"].get("context"))
     else:
         out["store"] = info["store"]
     if as_json:

@@ -211,6 +211,10 @@ def daemon_status(as_json):
     req = st["requests"]
     lat = f", latency p50 {req['p50_ms']} ms / p95 {req['p95_ms']} ms (last {req['window']})" if req["window"] else ""
     click.echo(f"requests     {st['served']} served, {st['errors']} errors, {st['queued']} queued{lat}")
+    if req.get("context"):
+        c = req["context"]
+        click.echo(f"context      mean {c['mean_tokens']:.0f} tokens (median {c['median_tokens']}), "
+                   f"{c['mean_share']:.0%} of the full plans, {c['reduced']:.0%} reduced by the latency budget")
     for s in st["slots"]:
         click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {s['path'] or '-'}")
     for path, f in req["files"].items():

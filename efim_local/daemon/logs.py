@@ -70,6 +70,7 @@ class RequestStats:
     def __init__(self, layout: str = "", layout_reason: str = ""):
         self.lock = threading.Lock()
         self.latencies: deque[float] = deque(maxlen=WINDOW)
+        self.contexts: deque[tuple[int, float, bool]] = deque(maxlen=WINDOW)  # (tokens, share, reduced)
         self.files: dict[str, list[int]] = {}  # path -> [requests, hits, cached tokens, prompt tokens]
         self.layout, self.layout_reason = layout, layout_reason
         self.first = True
@@ -80,6 +81,9 @@ class RequestStats:
         with self.lock:
             first, self.first = self.first, False
             self.latencies.append(ms)
+            ctx = out.get("context") or {}
+            if "tokens" in ctx:
+                self.contexts.append((ctx["tokens"], ctx["share"], ctx["reduced"]))
             f = self.files.setdefault(path, [0, 0, 0, 0])
             f[0] += 1
             f[1] += tok["cached"] > 0
@@ -87,15 +91,28 @@ class RequestStats:
             f[3] += tok["prompt"]
         if first:
             log.info("first request: layout %s (%s)", self.layout, self.layout_reason)
-        log.info("complete %s layout=%s cached=%d evaluated=%d generated=%d tier=%s reanchor=%s %.1f ms",
-                 path, out["layout"], tok["cached"], tok["evaluated"], tok["generated"], out["cache_tier"],
-                 out["reanchor"] or "-", ms)
+        log.info("complete %s layout=%s context=%s cached=%d evaluated=%d generated=%d tier=%s reanchor=%s %.1f ms",
+                 path, out["layout"], context_text(out.get("context") or {}), tok["cached"], tok["evaluated"],
+                 tok["generated"], out["cache_tier"], out["reanchor"] or "-", ms)
 
     def summary(self) -> dict:
         with self.lock:
-            lat = list(self.latencies)
+            lat, ctx = list(self.latencies), list(self.contexts)
             files = {p: {"requests": n, "hit_rate": round(h / n, 3), "cached_tokens": c, "prompt_tokens": t}
                      for p, (n, h, c, t) in self.files.items()}
         r = lambda v: None if v is None else round(v, 1)
+        context = None
+        if ctx:
+            context = {"mean_tokens": r(sum(c[0] for c in ctx) / len(ctx)),
+                       "median_tokens": percentile([c[0] for c in ctx], 50),
+                       "mean_share": round(sum(c[1] for c in ctx) / len(ctx), 3),
+                       "reduced": round(sum(c[2] for c in ctx) / len(ctx), 3)}
         return {"window": len(lat), "p50_ms": r(percentile(lat, 50)), "p95_ms": r(percentile(lat, 95)),
-                "files": files}
+                "context": context, "files": files}
+
+
+def context_text(ctx: dict) -> str:
+    """'1204/2950(41%,reduced)': the context tokens an answer used, of the full plan's (log lines)."""
+    if "tokens" not in ctx:
+        return "-"
+    return f"{ctx['tokens']}/{ctx['full_tokens']}({ctx['share']:.0%}{',reduced' if ctx['reduced'] else ''})"

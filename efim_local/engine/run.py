@@ -104,8 +104,7 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
         heal = engine.model.piece(tokens[cut])
         tokens = tokens[:cut] + tokens[cut + 1:]
     plan_ms = (time.perf_counter() - t0) * 1e3
-    context = {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
-               "reduced": plan.reduced}
+    context = context_report(plan)
     if plan.closers:
         context["closers"] = plan.closers
     ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
@@ -123,6 +122,15 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
         out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
     out.context = context
     return out
+
+
+def context_report(plan: Plan) -> dict:
+    """The context a plan gives the model: prefix and suffix tokens, their sum, the sum without a
+    latency budget, the share of it used, and whether the budget reduced it."""
+    used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
+    full = max(plan.full_context, used)
+    return {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens), "tokens": used,
+            "full_tokens": full, "share": round(used / full, 3) if full else 1.0, "reduced": plan.reduced}
 
 
 def budget_ms(engine, how: Options) -> float:

@@ -68,6 +68,7 @@ class Anchor:
     full_prefix: tuple[int, ...] = ()  # the untrimmed pieces, so a budget or growth never re-tokenizes
     full_suffix: tuple[int, ...] = ()
     window: int = 0  # files bigger than a slot: the prefix starts at this token of the file (aligned, sticky)
+    full_context: int = 0  # prefix and suffix tokens of the plan without a latency budget
 
 
 @dataclass
@@ -93,6 +94,7 @@ class Plan:
     prefix_trimmed: int = 0
     suffix_trimmed: int = 0
     reduced: bool = False  # trimmed to fit a latency budget
+    full_context: int = 0  # prefix and suffix tokens the plan would have without a latency budget
     closers: str = ""  # auto-paired closers right after the cursor that the (kept) suffix lacks
 
 
@@ -194,6 +196,7 @@ class Planner:
             prefix_trimmed=anchor.prefix_trimmed,
             suffix_trimmed=anchor.suffix_trimmed,
             reduced=anchor.reduced,
+            full_context=anchor.full_context,
             closers=closers,
         )
 
@@ -308,6 +311,7 @@ class Planner:
         start = self.window_start(len(prefix), prefix_room, window)
         prefix = prefix[start:]
         limit = space
+        full_context = min(space, len(prefix) + len(suffix))
         reduced, head = False, 0
         if budget is not None:
             if budget.cached is not None:  # the window's head already in a slot costs nothing
@@ -330,4 +334,4 @@ class Planner:
             prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
         kept = (full[0] if not (p_cut or start) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
         return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], start + p_cut, s_cut, reduced, head, *full,
-                      window=start)
+                      window=start, full_context=full_context)

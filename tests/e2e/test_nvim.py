@@ -455,7 +455,10 @@ def test_info_line_and_mid_line_position(nv, relay, tmp_path):
     assert mark[3]["virt_text_pos"] == ("inline" if nv.api.funcs.has("nvim-0.10") else "eol")
     chunks = mark[3].get("virt_lines", [mark[3]["virt_text"]])[-1] if "\n" in text else mark[3]["virt_text"]
     info = chunks[-1][0]
-    assert re.fullmatch(r"  efim \d+ ms, (\d+) evaluated, (slot|ram|disk|none)", info), info
+    assert re.fullmatch(r"  efim \d+ ms, context \d+/\d+ \(\d+%(, reduced)?\), (\d+) evaluated, (slot|ram|disk|none)",
+                        info), info
+    ctx = reply["context"]
+    assert f"context {ctx['tokens']}/{ctx['full_tokens']} ({ctx['share']:.0%}" in info  # what the answer used
     assert info.endswith(f"{reply['tokens']['evaluated']} evaluated, {reply['cache_tier']}")
 
 

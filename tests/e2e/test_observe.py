@@ -64,7 +64,8 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert "first request" in followed[0] and " complete " in followed[1] and " complete " in followed[2]
     lines = [ln for ln in logs.splitlines() if " complete " in ln]
     assert len(lines) == 2 and all(re.match(STAMP + " INFO efim.daemon: complete ", ln) for ln in lines)
-    assert f"complete {src} layout={layout} cached=0 evaluated=" in lines[0]
+    assert re.search(f"complete {re.escape(str(src))} layout={layout} context=\\d+/\\d+\\(100%\\) cached=0 evaluated=",
+                     lines[0]), lines[0]  # the context used, of the full plan's, and not reduced
     assert "tier=none reanchor=new_session" in lines[0]
     assert "cached=" in lines[1] and "evaluated=1 generated=3 tier=slot reanchor=- " in lines[1]
     assert f"first request: layout {layout} ({why})" in logs
@@ -76,7 +77,10 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert req["window"] == 2 and 0 < req["p50_ms"] <= req["p95_ms"]
     assert req["files"][str(src)] == {"requests": 2, "hit_rate": 0.5, "cached_tokens": second["tokens"]["cached"],
                                       "prompt_tokens": 2 * second["tokens"]["prompt"]}
+    full = second["context"]["full_tokens"]
+    assert req["context"] == {"mean_tokens": float(full), "median_tokens": full, "mean_share": 1.0, "reduced": 0.0}
     text = cli(env, "daemon", "status").stdout.decode()
+    assert f"context      mean {full} tokens (median {full}), 100% of the full plans, 0% reduced" in text
     heal = f"healing      {'on' if st['heal'] else 'off'}: {st['heal_reason']}"  # (issue 16 decides the defaults)
     for want in ("KV f16/f16", f"layout       {layout}: {why}", heal, "latency p50", "p95",
                  f" 50% hits     2 requests  {src}", "ram tier", "disk tier", "/ 512 MiB", "threads"):
@@ -86,7 +90,7 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     # `efim status` is the daemon's, without loading the model in this process
     daemon_heal = st["heal"]
     st = json.loads(cli(env, "status", "--json").stdout)
-    assert st["via"] == "daemon" and st["daemon_pid"] > 0
+    assert st["via"] == "daemon" and st["daemon_pid"] > 0 and st["context"]["mean_share"] == 1.0
     assert (st["layout"], st["layout_reason"], st["heal"]) == (layout, why, daemon_heal)
 
     # options that need another engine never bypass the daemon silently

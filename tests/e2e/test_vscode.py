@@ -11,6 +11,7 @@ skips only when the browser cannot start.
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import socket
@@ -172,9 +173,9 @@ def test_ghost_text_tab_and_next_word_in_code_server(vscode, page, tmp_path):
     assert saved.startswith(SOURCE + "x = gre")
     inserted = saved[len(SOURCE + "x = gre"):]
     assert inserted == shown, (inserted, shown)  # Tab inserted exactly the ghost text
-    # the status bar shows the last latency and cache tier
+    # the status bar shows the last latency, the context the answer used and the cache tier
     item = page.locator(".statusbar-item:has-text('efim')").first.text_content()
-    assert "ms" in item, item
+    assert "ms" in item and re.search(r"\d+/\d+ ctx \(\d+%(, reduced)?\)", item), item
     deadline = time.monotonic() + 10
     while daemon_accepted(sock)["completions"] < 1 and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -20,6 +20,14 @@ interface Status {
   daemon_ms?: number;
   cache_tier?: string;
   tokens?: { evaluated?: number; generated?: number };
+  context?: { tokens?: number; full_tokens?: number; share?: number; reduced?: boolean };
+}
+
+/** "1204/2950 ctx (41%, reduced)": the context the answer used, of the full plan's. */
+function contextText(c: Status["context"]): string {
+  if (!c || typeof c.tokens !== "number") return "";
+  const share = Math.round(100 * (c.share ?? 1));
+  return `${c.tokens}/${c.full_tokens ?? c.tokens} ctx (${share}%${c.reduced ? ", reduced" : ""})`;
 }
 
 let client: LanguageClient | undefined;
@@ -81,10 +89,13 @@ function sleep(ms: number, token: vscode.CancellationToken): Promise<void> {
 
 function showStatus(p: Status) {
   const ms = typeof p.latency_ms === "number" ? `${Math.round(p.latency_ms)} ms` : "";
-  status.text = `$(sparkle) efim ${ms} ${p.cache_tier ?? ""}`.trimEnd();
+  const ctx = contextText(p.context);
+  status.text = `$(sparkle) efim ${ms} ${ctx} ${p.cache_tier ?? ""}`.replace(/ +/g, " ").trimEnd();
   status.tooltip = `efim: ${p.model ?? "?"}\nlast completion ${ms} (daemon ${p.daemon_ms ?? "?"} ms), ` +
-    `cache tier ${p.cache_tier ?? "?"}, ${p.tokens?.evaluated ?? "?"} tokens evaluated\nclick: show the log`;
-  log.appendLine(`completion: ${ms}, tier ${p.cache_tier}, tokens ${JSON.stringify(p.tokens ?? {})}`);
+    `cache tier ${p.cache_tier ?? "?"}, ${p.tokens?.evaluated ?? "?"} tokens evaluated` +
+    (ctx ? `, context ${ctx}` : "") + "\nclick: show the log";
+  log.appendLine(`completion: ${ms}, tier ${p.cache_tier}, tokens ${JSON.stringify(p.tokens ?? {})}, ` +
+    `context ${JSON.stringify(p.context ?? {})}`);
 }
 
 async function start(): Promise<void> {
