@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import Cancelled
 from ..request import CompletionRequest, Options
 from .decode import SHOWN, drive
-from .run import RunOptions, complete_steps, run_steps
+from .run import PROBE, RunOptions, complete_steps, run_steps
 
 SMALL = 16 << 10  # characters tokenized inline: milliseconds, not worth a thread
 POLL = 0.005  # seconds between should_stop() polls
@@ -223,8 +223,7 @@ def calibrate_steps(engine, should_stop=None, n: int = 64):
     slot = next((s for s in engine.slots.free() if not len(s.tokens)), None)
     if engine.speed.known or slot is None:
         return
-    seed = np.asarray(engine.model.tokenize("def f(x):\n    return x + 1\n"), dtype=np.int32)
-    tokens = np.resize(seed, 4 * n)
+    tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), 4 * n)
     try:  # chunks of a growing context: the decoder observes each (a per-token and a context cost)
         yield from engine.decoder.prefill_steps(slot, tokens, 0, should_stop, n)
     finally:

@@ -30,7 +30,7 @@ from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .reuse import Reuse
 from .run import RunOptions, complete_steps, run_steps
 from .slots import SlotManager
-from .speed import PrefillSpeed
+from .speed import PrefillSpeed, load_speed, save_speed, speed_key
 from .status import engine_status
 
 
@@ -102,7 +102,7 @@ class Engine:
             text_markers = self.template.source == "text"
             self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
             self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers, config.heal)
-            self.speed = PrefillSpeed()  # learned from every prefill; the latency budget asks it
+            self._learn_speed(store, model_path)
             cp = config.context
             # Automatic threads; not with flash attention, whose single-token split over the KV follows
             # the thread count (the answer must not depend on the machine's load).
@@ -112,9 +112,22 @@ class Engine:
                 stack.callback(self._save_all)
             self._stack = stack.pop_all()
 
+    def _learn_speed(self, store: StoreConfig | None, model_path) -> None:
+        """The prefill speed, learned from every prefill; the latency budget asks it. Saved beside the
+        states, it serves the next start (and in-process runs) at once."""
+        self.speed_file = None
+        if self.store is not None:
+            import llama_cpp
+
+            key = speed_key(model_path, self.config.context, llama_cpp.__version__)
+            self.speed_file = store.dir / f"speed-{key}.json"
+        self.speed = (load_speed(self.speed_file) if self.speed_file else None) or PrefillSpeed()
+        self._saved_speed = self.speed.n
+
     # -- lifetime -------------------------------------------------------------------------
     def _save_all(self) -> None:
         self.reuse.flush()
+        self._save_speed(1)
         self.store.spill()
 
     def close(self) -> None:
@@ -189,8 +202,18 @@ class Engine:
 
     # -- maintenance -------------------------------------------------------------------------
     def flush(self) -> None:
-        """Save dirty slots (call after the response was sent, or when idle)."""
+        """Save dirty slots and what was learned of the speed (after the response was sent, or when idle)."""
         self.reuse.flush()
+        self._save_speed(8)
+
+    def _save_speed(self, new: int) -> None:
+        """Save the learned speed if ``new`` observations came since the last save."""
+        if self.speed_file is not None and self.speed.n >= self._saved_speed + new:
+            try:
+                save_speed(self.speed, self.speed_file)
+                self._saved_speed = self.speed.n
+            except OSError as e:
+                log.debug("speed not saved: %s", e)
 
     def forget(self, path: str) -> None:
         """The file changed on disk: plan it afresh on its next request."""

@@ -124,6 +124,24 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     return out
 
 
+PROBE = "def f(x):\n    return x + 1\n" * 2
+
+
+def probe_speed(engine, n: int = 16, warm: int = 4) -> None:
+    """A first guess of the prefill speed, for a budget asked before anything was learned (a fresh
+    in-process engine, or a request before the daemon's calibration): ``n`` tokens prefilled in an
+    empty slot after ``warm`` that are not timed (a context's first decode allocates its buffers),
+    then the slot is emptied again. Costs about ``n + warm`` tokens' time, once."""
+    slot = next((s for s in engine.slots.free() if not len(s.tokens)), None)
+    if slot is None:
+        return
+    tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), warm + n)
+    try:  # the speed learns from batches of at least 8 tokens (speed.MIN_TOKENS): the warm-up is not one
+        engine.decoder.prefill(slot, tokens, 0, chunk=lambda pos: warm if pos == 0 else n)
+    finally:
+        engine.reuse.clear(slot)
+
+
 def context_report(plan: Plan) -> dict:
     """The context a plan gives the model: prefix and suffix tokens, their sum, the sum without a
     latency budget, the share of it used, and whether the budget reduced it."""
@@ -146,6 +164,8 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
     partly grown head would cost up to the budget, and take (and cut) the slot the growth is in."""
     budget = budget_ms(engine, req.how)
     speed = engine.speed
+    if budget > 0 and not speed.known:
+        probe_speed(engine)
     if budget <= 0 or not speed.known:
         return plan
     peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32))

@@ -67,3 +67,57 @@ class PrefillSpeed:
         p, q = self.b / 2, self.a + self.b * n_ctx
         n = budget_ms / q if p == 0 else (-q + math.sqrt(q * q + 4 * p * budget_ms)) / (2 * p)
         return max(0, int(n))
+
+
+# -- persistence: the speed learned on this machine with this model serves the next start -------------
+SPEED_FILE_MAX = 4096  # bytes
+FIELDS = ("a", "b", "s11", "s12", "s22", "s1y", "s2y")
+
+
+def speed_key(model_path, context, llama_version: str) -> str:
+    """What the speed depends on: the model file, this machine's CPUs, the KV layout, llama.cpp."""
+    import hashlib
+    import json
+    import os
+
+    st = os.stat(model_path)
+    try:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo", encoding="utf-8", errors="replace")
+                    if ln.startswith("model name")), "")
+    except OSError:
+        cpu = ""
+    key = {"model": str(os.path.realpath(model_path)), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "cpu": cpu,
+           "cpus": len(os.sched_getaffinity(0)), "llama": llama_version, "type_k": context.type_k,
+           "type_v": context.type_v, "flash_attn": context.flash_attn, "n_batch": context.n_batch}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def load_speed(path) -> PrefillSpeed | None:
+    """The speed saved at ``path``; None if there is none or it is not a sane one (then it is ignored)."""
+    import json
+
+    from ..kv.stateformat import open_regular
+
+    try:
+        with open_regular(path, SPEED_FILE_MAX) as f:
+            d = json.loads(f.read(SPEED_FILE_MAX + 1))
+        vals = {k: float(d[k]) for k in FIELDS}
+        n = int(d["n"])
+    except Exception:  # noqa: BLE001 - missing, corrupt or foreign: learned afresh
+        return None
+    if not (0 < n < 1 << 40 and all(math.isfinite(v) and 0 <= abs(v) < 1e30 for v in vals.values())
+            and 0 < vals["a"] < 1e6 and 0 <= vals["b"] < 1e3):
+        return None
+    return PrefillSpeed(n=n, **vals)
+
+
+def save_speed(speed: PrefillSpeed, path) -> None:
+    """Write ``speed`` to ``path`` (atomic, owner-only, never through a link)."""
+    import json
+
+    from ..kv.stateformat import write_private
+
+    if not speed.known or not speed.learn:
+        return
+    d = {k: getattr(speed, k) for k in FIELDS} | {"n": speed.n}
+    write_private(path, json.dumps(d).encode())

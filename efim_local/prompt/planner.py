@@ -38,6 +38,7 @@ LATENCY_BUDGET = "latency_budget"  # the plan was reduced to fit the request's t
 # the anchor's suffix only by a few of these at its start, the anchor is kept: the closers stay
 # out of the prompt and the answer stops where it would close them (see stream.py).
 CLOSERS = ")]}\"'`"
+MIN_CONTEXT = 32  # prompt tokens a latency budget always leaves a plan
 MAX_CLOSERS = 4
 
 
@@ -318,7 +319,8 @@ class Planner:
                 lead = len(self.head_tokens(()))
                 head = max(0, min(budget.cached(self.head_tokens(tuple(prefix))) - lead, len(prefix), space))
                 head = head if head >= 16 else 0
-            fits = head + max(0, budget.new_tokens(head) - self._total((), (), (), 0) - n_middle)
+            # However slow the machine, an answer gets some context: one from nothing is noise.
+            fits = head + max(MIN_CONTEXT, budget.new_tokens(head) - self._total((), (), (), 0) - n_middle)
             if fits < min(space, len(prefix) + len(suffix)):
                 limit, reduced = fits, True
             else:

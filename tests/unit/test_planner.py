@@ -199,7 +199,10 @@ def test_latency_budget_keeps_the_context_nearest_the_cursor(doc, data, layout, 
     plan = pl.plan(s, doc, cursor, layout, budget=P.Budget(tokens=budget))
     assert plan.reanchor == P.LATENCY_BUDGET
     fixed = 7  # bos + two tokens per marker
-    assert len(plan.tokens) <= max(budget, fixed + len(plan.middle_tokens))
+    # Within the budget, except that a plan always gets some context (P.MIN_CONTEXT tokens).
+    assert len(plan.tokens) <= max(budget, fixed + len(plan.middle_tokens) + P.MIN_CONTEXT)
+    assert len(plan.prefix_tokens) + len(plan.suffix_tokens) >= min(P.MIN_CONTEXT, len(toks(doc[:s.anchor.offset]))
+                                                                     + len(toks(doc[cursor:])))
     full_pre, full_suf = toks(doc[:s.anchor.offset]), toks(doc[cursor:])
     assert plan.prefix_tokens == full_pre[len(full_pre) - len(plan.prefix_tokens):]  # the end of the prefix
     assert plan.suffix_tokens == full_suf[:len(plan.suffix_tokens)]  # the start of the suffix
