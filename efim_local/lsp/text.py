@@ -63,11 +63,14 @@ class Converter:
 
 
 class Doc:
-    """One open document: its lines, version and language."""
+    """One open document: its lines, version and language, and whether it is in step."""
 
     def __init__(self, text: str, version: int = 0, language: str = ""):
         self.lines = split_lines(text)
         self.version, self.language = version, language
+        self.daemon_error: str | None = None  # why the daemon's copy is not this one (sync.py)
+        self.editor_error: str | None = None  # why this copy may not be the editor's
+        self.full_seq = 0  # the last sync message that carried the whole text
 
     @property
     def text(self) -> str:

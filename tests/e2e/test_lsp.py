@@ -197,8 +197,16 @@ async def test_malformed_and_out_of_range_requests_get_errors(client):
     with pytest.raises(JsonRpcException) as e:
         await raw_request(client, t.TEXT_DOCUMENT_INLINE_COMPLETION, {"textDocument": 5})
     assert e.value.code == INVALID_PARAMS
-    # an edit outside the document: the server resyncs instead of dying
+    # an edit outside the document: the server goes on, but its copy is not the editor's any more:
+    # the document's completions fail (issue 27 item 9) until the editor sends its whole text
     edit(client, 2, (50, 0), (50, 0), "zzz")
+    with pytest.raises(JsonRpcException) as e:
+        await inline(client, 4, 7)
+    assert e.value.code == INVALID_PARAMS and "out of step with the editor" in e.value.message
+    assert any("an edit could not be applied" in m.message for m in client.messages)
+    client.text_document_did_change(t.DidChangeTextDocumentParams(
+        text_document=t.VersionedTextDocumentIdentifier(uri=URI, version=3),
+        content_changes=[t.TextDocumentContentChangeWholeDocument(text=TEXT)]))
     got = await inline(client, 4, 7)
     assert got.items[0].range.start == t.Position(4, 4)
 

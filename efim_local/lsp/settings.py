@@ -1,0 +1,37 @@
+"""The LSP server's settings (``initializationOptions``, ``workspace/didChangeConfiguration``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("efim.lsp")
+
+
+@dataclass
+class Settings:
+    max_tokens: int | None = None
+    max_lines: int | None = None
+    enabled_languages: list[str] = field(default_factory=lambda: ["*"])
+    socket: str | None = None
+
+    def update(self, raw: Any) -> None:
+        """Take the known keys of a settings object (``{"efim": {...}}`` or flat); bad values are
+        ignored with a warning, so that one typo does not turn completion off."""
+        if not isinstance(raw, dict):
+            return
+        raw = raw.get("efim", raw) if isinstance(raw.get("efim"), dict) else raw
+        for key, attr, ok in (("maxTokens", "max_tokens", lambda v: isinstance(v, int) and 0 <= v <= 4096),
+                              ("maxLines", "max_lines", lambda v: isinstance(v, int) and 0 <= v <= 10_000),
+                              ("enabledLanguages", "enabled_languages",
+                               lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+                              ("socket", "socket", lambda v: isinstance(v, str) and v != "")):
+            if key in raw and raw[key] is not None:
+                if ok(raw[key]):
+                    setattr(self, attr, raw[key])
+                else:
+                    log.warning("efim: ignoring setting %s=%r", key, raw[key])
+
+    def enabled(self, language: str) -> bool:
+        return "*" in self.enabled_languages or language in self.enabled_languages
