@@ -71,6 +71,8 @@ class Sync:
         if fut.cancelled() or self.docs.get(uri) is not doc:
             return
         err = fut.exception()
+        if full:
+            doc.full_answered = max(doc.full_answered, seq)
         if err is None:
             if full and seq == doc.full_seq:
                 doc.daemon_error = None
@@ -150,12 +152,14 @@ class Sync:
             doc.editor_error = f"an edit was lost: {reason}"
 
     # -- completions -------------------------------------------------------------------------
-    def check(self, doc: Doc, err: EfimError | None = None) -> None:
-        """Raise the LSP error that says why ``doc`` cannot be completed, if it is out of step (the
-        daemon's ``err`` for it is then only a consequence: a version it lacks)."""
+    def check(self, doc: Doc, err: JsonRpcException | None = None) -> None:
+        """Raise the LSP error that says why ``doc`` cannot be completed, if it is out of step.
+        Before a request (no ``err``), a whole text on its way to the daemon may bring it back in
+        step: the daemon, which gets it first, decides. After the daemon's error ``err`` (then only
+        a consequence: a version it lacks), the reason is the refusal's."""
         if doc.editor_error is not None:
             raise JsonRpcException(f"efim: this document is out of step with the editor ({doc.editor_error}); "
                                    "reopen it", INVALID_PARAMS)
-        if doc.daemon_error is not None:
+        if doc.daemon_error is not None and (err is not None or doc.full_answered >= doc.full_seq):
             code = err.code if err is not None else INVALID_PARAMS
             raise JsonRpcException(f"efim: the daemon refused this document's text: {doc.daemon_error}", code)

@@ -71,6 +71,7 @@ class Doc:
         self.daemon_error: str | None = None  # why the daemon's copy is not this one (sync.py)
         self.editor_error: str | None = None  # why this copy may not be the editor's
         self.full_seq = 0  # the last sync message that carried the whole text
+        self.full_answered = 0  # the last such message the daemon answered
 
     @property
     def text(self) -> str:
