@@ -1,4 +1,4 @@
-"""Issue 17: the daemon survives its clients. Each attack of efim_local/bench/attack.py (the same
+"""Issue 17: the daemon survives its clients. Each attack of efim_local/bench/attack/ (the same
 code scripts/attack.py runs against a user's daemon) against a real daemon over its real socket,
 with short deadlines (test hooks), plus the attacks that need their own daemon or a unit view."""
 
