@@ -50,7 +50,7 @@ def test_without_hooks_there_is_no_kill_method(tmp_path, tiny_model):
     d = Daemon(tmp_path, tiny_model).start()
     try:
         with pytest.raises(A.Skipped):
-            A.watchdog(A.Target(d.sock, tmp=tmp_path))
+            A.ATTACKS["watchdog"](A.Target(d.sock, tmp=tmp_path))
     finally:
         d.stop()
 
