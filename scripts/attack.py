@@ -1,10 +1,13 @@
-"""Attack a running efim daemon with every bad-client behaviour of issue 17; print what held.
+"""Attack a running efim daemon (and efim lsp) with every bad-client behaviour of issues 17 and 27.
 
-Runs the attacks of efim_local/bench/attack.py (surrogates, NaN, connection flood, slow reader,
+Runs the attacks of efim_local/bench/attack/ (surrogates, NaN, connection flood, slow reader,
 slow writer, FIFO and /dev/zero documents, a huge didChange, the UTF-8 limit, idle tokenizing,
-many roots, the engine watchdog, --socket at a file, a planted daemon.pid link) against the
-daemon on the socket, then prints a table, saves bench-results/attack.json and exits 1 if any
-attack got through. The daemon's deadlines default to the production ones (10 s each).
+many roots, the engine watchdog, --socket at a file, a planted daemon.pid link; and from issue 27:
+edits the daemon refuses behind efim lsp, a 10 MB efim.accepted, Content-Length 10^23, frames
+without Content-Length, short or LF-only, an oversized frame's id, / and ~ as roots, the socket's
+lock file, efim lsp when the daemon cannot start) against the daemon on the socket, then prints a
+table, saves bench-results/attack.json and exits 1 if any attack got through. The daemon's
+deadlines default to the production ones (10 s each).
 
     efim daemon start && python scripts/attack.py
     python scripts/attack.py --socket /tmp/t/efim.sock --only flood slow_reader
@@ -28,9 +31,9 @@ args = ap.parse_args()
 target = Target(args.socket or paths.socket_path(), args.frame_timeout, args.send_timeout)
 rows = run(target, args.only)
 mark = {True: "held", False: "FAILED", None: "skipped"}
-print(f"{'attack':15} {'result':8} {'s':>6}  detail")
+print(f"{'attack':18} {'result':8} {'s':>6}  detail")
 for r in rows:
-    print(f"{r['attack']:15} {mark[r['held']]:8} {r['seconds']:6.1f}  {r['detail']}")
+    print(f"{r['attack']:18} {mark[r['held']]:8} {r['seconds']:6.1f}  {r['detail']}")
 failed = sum(r["held"] is False for r in rows)
 print(f"\n{sum(r['held'] is True for r in rows)} held, {failed} failed, {sum(r['held'] is None for r in rows)} skipped")
 out = Path("bench-results")

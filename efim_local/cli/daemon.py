@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..daemon.launch import start_daemon
 from . import build_config, config_mod, emit, main, model_options, pairs, tier_usage, user_errors
 
 
@@ -97,38 +98,6 @@ def daemon_start(timeout, roots, verbose, **model_kw):
     """
     pid = start_daemon(timeout, build_config(**model_kw), roots, verbose)
     click.echo(f"efim daemon started (pid {pid})")
-
-
-def start_daemon(timeout: float, cfg, roots=(), verbose: bool = False) -> int:
-    """Start ``efim serve`` in the background with configuration ``cfg``; returns its pid. It logs
-    to ``daemon.log`` in the state directory (rotated; debug messages with ``verbose``)."""
-    import os
-    import subprocess
-    import time
-
-    from ..daemon import client, paths
-    from ..errors import AlreadyRunning, DaemonError
-
-    if client.running():
-        raise AlreadyRunning(f"an efim daemon is already running on {paths.socket_path()}")
-    settings = {"config": cfg.resolved().to_json(), "watch": [str(Path(r).resolve()) for r in roots],
-                "log": str(paths.log_file()), "verbose": verbose}
-    # -P: the caller's working directory is not on sys.path (a local logging.py must not shadow ours).
-    args = [sys.executable, "-P", "-m", "efim_local.cli", "serve", "--config-stdin"]
-    log = os.fdopen(paths.open_private(paths.log_file(), os.O_WRONLY | os.O_APPEND), "ab")
-    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True,
-                            cwd=paths.log_file().parent)
-    log.close()  # the child has its own copy
-    proc.stdin.write(json.dumps(settings).encode())
-    proc.stdin.close()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.running():
-            return proc.pid
-        if proc.poll() is not None:
-            raise DaemonError(f"the daemon exited with code {proc.returncode}; see {paths.log_file()}")
-        time.sleep(0.1)
-    raise DaemonError(f"the daemon did not answer within {timeout:.0f} s; see {paths.log_file()}")
 
 
 @daemon.command("stop")

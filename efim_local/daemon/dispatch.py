@@ -13,7 +13,7 @@ import logging
 from typing import Any, Callable
 
 from ..errors import EfimError, MethodNotFound, RequestTooLarge, internal
-from .framing import MAX_FRAME, Connection, Message, error, parse, reply
+from .framing import MAX_FRAME, Connection, Message, Oversized, error, parse, reply
 
 log = logging.getLogger("efim.daemon")
 DEFERRED = object()  # the engine thread will reply
@@ -30,9 +30,9 @@ class Dispatcher:
         for line in conn.lines():
             self.handle(conn, line)
 
-    def handle(self, conn: Connection, line: bytes | None) -> None:
-        if line is None:
-            conn.send(error(None, RequestTooLarge(f"request larger than {MAX_FRAME >> 20} MiB")))
+    def handle(self, conn: Connection, line: bytes | Oversized) -> None:
+        if isinstance(line, Oversized):  # answered to its id when one can be read: a client waits on it
+            conn.send(error(line.id(), RequestTooLarge(f"request larger than {MAX_FRAME >> 20} MiB")))
             return
         try:
             msg = parse(line)

@@ -4,6 +4,10 @@ The text lives in the engine's per-file state (``engine/files.py``); this
 module applies the editors' edits to it. A batch of edits is applied outside
 the engine's global file lock (under a lock for its document only), through a
 line index, so one huge document never stalls the other clients.
+
+A refused didOpen or didChange of an open document leaves the daemon with text the editor no
+longer has: the document is then out of step, and its edits and completions are refused (with the
+first refusal's reason) until a didOpen sends its whole text again.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ class Documents:
     def __init__(self, files: Files, limit: int = MAX_DOCUMENTS):
         self.files, self.limit = files, limit
         self._locks = [threading.Lock() for _ in range(64)]  # per document (striped: bounded)
+        self.refused: dict[str, str] = {}  # open documents out of step -> why (under files.lock)
 
     def lock(self, path: str) -> threading.Lock:
         """Serializes the edits of one document; other documents go on meanwhile."""
@@ -109,38 +114,63 @@ class Documents:
 
     def open(self, params: dict) -> FileState:
         path = path_param(params)
-        text = param(params, "text", str)
-        check_size(text)
-        version = param(params, "version", int, 0, lo=0, hi=1 << 53)
-        with self.lock(path), self.files.lock:
+        with self.lock(path):
+            try:
+                text = param(params, "text", str)
+                check_size(text)
+                version = param(params, "version", int, 0, lo=0, hi=1 << 53)
+            except InvalidParams as e:
+                self._refuse(path, e)
+                raise
+            with self.files.lock:
+                f = self.files.get(path)
+                if (f is None or not f.open) and self.files.n_open() >= self.limit:
+                    raise InvalidParams(f"invalid params: more than {self.limit} open documents")
+                f = self.files.entry(path)
+                f.text, f.version, f.open = text, version, True
+                self.refused.pop(path, None)
+                return f
+
+    def _refuse(self, path: str, e: InvalidParams) -> None:
+        """An open document's new text was refused: it is out of step until reopened."""
+        with self.files.lock:
             f = self.files.get(path)
-            if (f is None or not f.open) and self.files.n_open() >= self.limit:
-                raise InvalidParams(f"invalid params: more than {self.limit} open documents")
-            f = self.files.entry(path)
-            f.text, f.version, f.open = text, version, True
-            return f
+            if f is not None and f.open and path not in self.refused:
+                self.refused[path] = e.message.removeprefix("invalid params: ")
 
     def get(self, path: str) -> FileState:
         f = self.files.get(path)
         if f is None or not f.open:
             raise InvalidParams(f"invalid params: document not open: {path}")
+        if path in self.refused:
+            raise InvalidParams(f"invalid params: document out of step after a refused edit "
+                                f"({self.refused[path]}); send didOpen with its whole text: {path}")
         return f
 
-    def text(self, path: str) -> str:
+    def text(self, path: str, version: int | None = None) -> str:
+        """The open document's text; ``version``: the one the caller expects (else an error)."""
         with self.files.lock:
-            return self.get(path).text
+            f = self.get(path)
+            if version is not None and f.version != version:
+                raise InvalidParams(f"invalid params: the daemon has version {f.version} of {path}, "
+                                    f"not {version}")
+            return f.text
 
     def change(self, params: dict) -> FileState:
         path = path_param(params)
-        changes = param(params, "contentChanges", list)
-        if len(changes) > MAX_CHANGES:
-            raise InvalidParams("invalid params: too many content changes")
         with self.lock(path):  # the global lock only to read and to store: edits of a huge text take time
             with self.files.lock:
                 f = self.get(path)
                 text, old_version = f.text, f.version
-            text = apply_changes(text, changes)
-            version = param(params, "version", int, old_version + 1, lo=0, hi=1 << 53)
+            try:
+                changes = param(params, "contentChanges", list)
+                if len(changes) > MAX_CHANGES:
+                    raise InvalidParams("invalid params: too many content changes")
+                text = apply_changes(text, changes)
+                version = param(params, "version", int, old_version + 1, lo=0, hi=1 << 53)
+            except InvalidParams as e:
+                self._refuse(path, e)
+                raise
             with self.files.lock:
                 f = self.get(path)  # all changes or none
                 f.text, f.version = text, version
@@ -153,3 +183,4 @@ class Documents:
             f = self.files.get(path)
             if f is not None:
                 f.open = False
+            self.refused.pop(path, None)

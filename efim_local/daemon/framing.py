@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -21,6 +22,17 @@ MAX_FRAME = 8 << 20  # bytes per line
 MAX_QUEUED = 32 << 20  # bytes of replies a connection may leave unread before it is dropped
 SEND_TIMEOUT = 10.0  # seconds one frame may take to be written before the connection is dropped
 MAX_ID_LEN = 256
+HEAD = 1024  # bytes of an over-long frame kept to read its id
+
+
+@dataclass
+class Oversized:
+    """A frame over ``MAX_FRAME`` (skipped): its first ``HEAD`` bytes, to address the error reply."""
+
+    head: bytes
+
+    def id(self):
+        return leading_id(self.head)
 
 
 @dataclass
@@ -39,6 +51,42 @@ def valid_id(v) -> bool:
 def _bad(err: EfimError, rid: Any = None) -> EfimError:
     err.request_id = rid  # the id to answer to, when one could be read (never put on the wire)
     return err
+
+
+_WS = re.compile(r"[ \t\r\n]*")
+
+
+def leading_id(head: bytes):
+    """The ``id`` of a frame from its first bytes (None if unreadable): the object's members are
+    read in order while their values are scalars (efim's clients write ``jsonrpc``, ``id`` and
+    ``method`` before ``params``); a nested value or a cut ends the search."""
+    s, dec = head.decode("utf-8", "ignore"), json.JSONDecoder()
+    try:
+        i = _WS.match(s, 0).end()
+        if s[i] != "{":
+            return None
+        i += 1
+        for _ in range(16):
+            i = _WS.match(s, i).end()
+            if s[i] != '"':
+                return None
+            key, i = json.decoder.scanstring(s, i + 1)
+            i = _WS.match(s, i).end()
+            if s[i] != ":":
+                return None
+            i = _WS.match(s, i + 1).end()
+            if s[i] in "{[":
+                return None
+            value, i = dec.raw_decode(s, i)
+            i = _WS.match(s, i).end()
+            if s[i] not in ",}":  # IndexError at the cut: a number there may be cut short
+                return None
+            if key == "id":
+                return value if valid_id(value) else None
+            i += 1
+    except (ValueError, IndexError):
+        return None
+    return None
 
 
 def parse(line: bytes) -> Message:
@@ -102,15 +150,15 @@ def _frame(obj: dict) -> bytes:
 
 
 def read_lines(sock: socket.socket, idle_timeout: float | None = None,
-               frame_timeout: float | None = None) -> Iterator[bytes | None]:
-    """Complete lines from a socket; an over-long line yields None once and is skipped.
+               frame_timeout: float | None = None) -> Iterator[bytes | Oversized]:
+    """Complete lines from a socket; an over-long line yields ``Oversized`` once and is skipped.
 
     ``idle_timeout``: seconds a connection may stay silent between frames; ``frame_timeout``:
     seconds one frame may take from its first byte to its newline, however its bytes trickle in
     (a timeout per ``recv`` would let a client that sends a byte a second hold on forever).
     Either ends the connection."""
     buf = bytearray()
-    skipping = False
+    skipping = False  # inside an over-long line
     frame_deadline = None  # set while a frame is partly read
     while True:
         waits = [t for t in (idle_timeout, None if frame_deadline is None else frame_deadline - time.monotonic())
@@ -137,7 +185,7 @@ def read_lines(sock: socket.socket, idle_timeout: float | None = None,
             if nl < 0:
                 if len(buf) > MAX_FRAME:
                     if not skipping:
-                        yield None
+                        yield Oversized(bytes(buf[:HEAD]))
                     skipping = True
                     buf.clear()
                 break
@@ -148,7 +196,7 @@ def read_lines(sock: socket.socket, idle_timeout: float | None = None,
                 skipping = False
                 continue
             if len(line) > MAX_FRAME:
-                yield None
+                yield Oversized(line[:HEAD])
             elif line.strip():
                 yield line
         partial = bool(buf) or skipping
@@ -197,7 +245,7 @@ class Connection:
             self.queued += len(data)
             self.cond.notify()
 
-    def lines(self) -> Iterator[bytes | None]:
+    def lines(self) -> Iterator[bytes | Oversized]:
         return read_lines(self.sock, self.idle_timeout, self.frame_timeout)
 
     def close(self) -> None:

@@ -46,8 +46,8 @@ class Handlers:
         if "text" in p:
             text = param(p, "text", str)
             check_size(text)
-        else:
-            text = self.documents.text(path)
+        else:  # the editor's version, when given: never complete a text the editor no longer has
+            text = self.documents.text(path, param(p, "version", int, None, lo=0, hi=1 << 53))
         if "offset" in p:
             cursor = param(p, "offset", int, lo=0, hi=len(text))
         else:

@@ -86,18 +86,19 @@ class Server:
         if not d.exists():
             d.mkdir(parents=True, mode=0o700)
             os.chmod(d, 0o700)  # mkdir's mode is masked by the umask
-        self.lock_fd = paths.open_private(Path(str(self.sock_path) + ".lock"), os.O_RDWR)
+        self._check_target()  # before the lock file: a refused target leaves nothing beside it
+        lock = Path(str(self.sock_path) + ".lock")
+        self.lock_fd = paths.open_private(lock, os.O_RDWR)
         try:
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise AlreadyRunning(f"another efim daemon is running on {self.sock_path}") from None
         try:
-            st = os.lstat(self.sock_path)
-        except FileNotFoundError:
-            st = None
+            st = self._check_target()
+        except ConfigError:  # it appeared meanwhile: ours is the lock, remove it
+            lock.unlink(missing_ok=True)
+            raise
         if st is not None:
-            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
-                raise ConfigError(f"{self.sock_path} exists and is not an efim socket of yours; not replacing it")
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.connect(str(self.sock_path))
@@ -115,6 +116,16 @@ class Server:
             os.umask(old)
         os.chmod(self.sock_path, 0o600)
         self.sock.listen(socket.SOMAXCONN)  # a burst of connections waits, not refused
+
+    def _check_target(self) -> os.stat_result | None:
+        """The socket path's status (None: free); refused unless it is a socket of ours."""
+        try:
+            st = os.lstat(self.sock_path)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+            raise ConfigError(f"{self.sock_path} exists and is not an efim socket of yours; not replacing it")
+        return st
 
     def attach(self, engine: Engine) -> None:
         """Give the server its engine (loaded after bind(), so a second daemon is refused fast)."""

@@ -1,4 +1,8 @@
-"""Watches workspace roots with watchdog; a file changed on disk refreshes its session."""
+"""Watches workspace roots with watchdog; a file changed on disk refreshes its session.
+
+Each directory under a root costs an inotify watch (a per-user kernel budget, often 8192-65536
+for all programs): ``/`` and the home directory are refused as roots, and so is a root with more
+than ``MAX_DIRS`` directories, counted before it is watched."""
 
 from __future__ import annotations
 
@@ -20,6 +24,26 @@ IGNORED_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "
                 "target", ".mypy_cache", ".pytest_cache", ".tox", ".idea", ".cache"}
 MAX_FILE_BYTES = 1 << 20
 MAX_ROOTS = 32  # roots named by editors (each is a watchdog thread); --watch roots come on top
+MAX_DIRS = 4096  # directories (inotify watches) under one root
+MAX_WATCHES = 16384  # directories under all roots named by editors together
+
+
+def refusal(root: Path, limit: int = MAX_DIRS) -> tuple[str | None, int]:
+    """Why ``root`` (resolved) is not watched (None if it is fine), and its directories (up to
+    ``limit`` + 1: the count stops there)."""
+    if root == Path(root.anchor) or root == Path.home().resolve():
+        return f"{root} is too wide to watch (the file system's root or the home directory)", 0
+    n, stack = 0, [str(root)]
+    while stack:
+        n += 1
+        if n > limit:
+            return f"{root} has more than {limit} directories; not watching it", n
+        try:
+            with os.scandir(stack.pop()) as it:
+                stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+        except OSError:
+            continue
+    return None, n
 
 
 def interesting(path: str, root: str) -> bool:
@@ -65,6 +89,7 @@ class Watcher:
         self.callback, self.limit = callback, limit
         self.lock = threading.Lock()
         self._watches: OrderedDict[str, object] = OrderedDict()  # root -> watchdog's handle, LRU last
+        self._dirs: dict[str, int] = {}  # root -> its directories when it was counted
         self._pinned: set[str] = set()
         for r in roots or []:
             self.watch(r, pin=True)
@@ -78,21 +103,34 @@ class Watcher:
             return
         root = str(resolved)
         with self.lock:
-            if pin:
-                self._pinned.add(root)
             if root in self._watches:
+                self._pinned.update([root] if pin else [])
                 self._watches.move_to_end(root)
                 return
+        why, dirs = refusal(resolved)  # outside the lock: counting takes a moment
+        if why is not None:
+            log.warning("%s", why)
+            return
+        with self.lock:
+            if root in self._watches:
+                return
+            if pin:
+                self._pinned.add(root)
             try:
                 self._watches[root] = self.observer.schedule(_Handler(self.callback, root), root, recursive=True)
             except OSError as e:  # out of inotify watches, unreadable: the daemon goes on without it
                 log.warning("cannot watch %s: %s", root, e)
                 return
-            log.info("watching %s", root)
+            self._dirs[root] = dirs
+            log.info("watching %s (%d directories)", root, dirs)
             unpinned = [r for r in self._watches if r not in self._pinned]
-            for old in unpinned[:max(0, len(unpinned) - self.limit)]:
+            while unpinned and (len(unpinned) > self.limit or
+                                sum(self._dirs[r] for r in unpinned) > MAX_WATCHES) and unpinned[0] != root:
+                old = unpinned.pop(0)
                 self.observer.unschedule(self._watches.pop(old))
-                log.info("no longer watching %s (more than %d roots)", old, self.limit)
+                self._dirs.pop(old, None)
+                log.info("no longer watching %s (more than %d roots or %d directories)", old, self.limit,
+                         MAX_WATCHES)
 
     def roots(self) -> list[str]:
         with self.lock:

@@ -4,8 +4,9 @@
   under the cursor with that part plus efim's completion; a newer request for a document cancels
   the older one (the daemon supersedes it), ``$/cancelRequest`` cancels it in the daemon too.
 - Document sync is incremental: this server keeps its own copy of each document (``text.py``) to turn
-  the client's position units into the daemon's code points, and forwards each edit as it came.
-  The workspace folder that holds a document is sent as its ``root`` (the daemon watches it).
+  the client's position units into the daemon's code points, and forwards each edit as it came
+  (``sync.py``: a refused edit makes the document's completions fail with the reason, never answer
+  for older text). The workspace folder that holds a document is sent as its ``root``.
 - Notifications to the client: ``efim/status`` after each completion (model, latency, cache tier).
   From the client: ``efim/didPartiallyAcceptCompletion`` (and the ``efim.accepted`` command that the
   item carries, run on a full accept) tell the daemon what was taken (its ``accepted`` method).
@@ -22,7 +23,6 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from lsprotocol import types as t
@@ -32,52 +32,16 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 from pygls.uris import to_fs_path
 
-from ..errors import CANCELLED, DaemonUnavailable, EfimError, InvalidParams, one_line
-from ..request import check_option
+from ..errors import CANCELLED, DaemonUnavailable, EfimError, one_line
 from .relay import Relay
-from .text import Converter, Doc, columns
+from .settings import Settings
+from .sync import Sync, fs_path
+from .text import Converter, columns
 
 log = logging.getLogger("efim.lsp")
 STATUS = "efim/status"
 PARTIAL_ACCEPT = "efim/didPartiallyAcceptCompletion"
 ACCEPTED_COMMAND = "efim.accepted"
-
-
-def _valid(option: str, v: Any) -> bool:
-    """Whether ``v`` is a valid value of a request option (its one definition: efim_local/request.py)."""
-    try:
-        check_option(option, v)
-    except InvalidParams:
-        return False
-    return True
-
-
-@dataclass
-class Settings:
-    max_tokens: int | None = None
-    max_lines: int | None = None
-    enabled_languages: list[str] = field(default_factory=lambda: ["*"])
-    socket: str | None = None
-
-    def update(self, raw: Any) -> None:
-        """Take the known keys of a settings object (``{"efim": {...}}`` or flat); bad values are
-        ignored with a warning, so that one typo does not turn completion off."""
-        if not isinstance(raw, dict):
-            return
-        raw = raw.get("efim", raw) if isinstance(raw.get("efim"), dict) else raw
-        for key, attr, ok in (("maxTokens", "max_tokens", lambda v: _valid("max_tokens", v)),
-                              ("maxLines", "max_lines", lambda v: v == 0 or _valid("max_lines", v)),
-                              ("enabledLanguages", "enabled_languages",
-                               lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
-                              ("socket", "socket", lambda v: isinstance(v, str) and v != "")):
-            if key in raw and raw[key] is not None:
-                if ok(raw[key]):
-                    setattr(self, attr, raw[key])
-                else:
-                    log.warning("efim: ignoring setting %s=%r", key, raw[key])
-
-    def enabled(self, language: str) -> bool:
-        return "*" in self.enabled_languages or language in self.enabled_languages
 
 
 def lsp_error(e: EfimError) -> JsonRpcException:
@@ -94,15 +58,15 @@ class Protocol(LanguageServerProtocol):
 
     @lsp_method(t.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: t.DidOpenTextDocumentParams):
-        self._server.did_open(params)
+        self._server.sync.did_open(params)
 
     @lsp_method(t.TEXT_DOCUMENT_DID_CHANGE)
     def lsp_text_document__did_change(self, params: t.DidChangeTextDocumentParams):
-        self._server.did_change(params)
+        self._server.sync.did_change(params)
 
     @lsp_method(t.TEXT_DOCUMENT_DID_CLOSE)
     def lsp_text_document__did_close(self, params: t.DidCloseTextDocumentParams):
-        self._server.did_close(params)
+        self._server.sync.did_close(params)
 
     def structure_message(self, data: dict):
         try:
@@ -129,7 +93,8 @@ class EfimServer(LanguageServer):
         super().__init__("efim", __version__, protocol_cls=Protocol,
                          text_document_sync_kind=t.TextDocumentSyncKind.Incremental)
         self.settings = Settings()
-        self.docs: dict[str, Doc] = {}
+        self.sync = Sync(self)
+        self.docs = self.sync.docs
         self.roots: list[str] = []
         self.conv = Converter()
         self.relay: Relay | None = None
@@ -144,7 +109,7 @@ class EfimServer(LanguageServer):
             self.add_root(folder.uri)
         if not params.workspace_folders and params.root_uri:
             self.add_root(params.root_uri)
-        self.relay = Relay(self.settings.socket, on_connect=self.replay)
+        self.relay = Relay(self.settings.socket, on_connect=self.sync.replay, on_start_failed=self.start_failed)
 
     def add_root(self, uri: str) -> None:
         path = to_fs_path(uri) if uri.startswith("file:") else None
@@ -158,74 +123,6 @@ class EfimServer(LanguageServer):
                 best = r
         return best
 
-    # -- document sync ------------------------------------------------------------------------
-    @staticmethod
-    def path(uri: str) -> str:
-        return (to_fs_path(uri) if uri.startswith("file:") else None) or uri
-
-    def sync(self, method: str, params: dict, uri: str) -> None:
-        """Send a document notification as a request: when the daemon rejects an edit (its copy
-        went astray), it gets the whole text again."""
-        if self.relay is None:
-            return
-        _, fut = self.relay.request(method, params, sync=True)
-        fut.add_done_callback(lambda f: self.resync(uri, f))
-
-    def resync(self, uri: str, fut: asyncio.Future) -> None:
-        err = fut.exception() if not fut.cancelled() else None
-        if isinstance(err, InvalidParams) and uri in self.docs:
-            log.warning("efim: resyncing %s (%s)", uri, err)
-            self.relay.request("didOpen", self.open_params(uri), sync=True)[1].add_done_callback(_quiet)
-
-    def open_params(self, uri: str) -> dict:
-        doc, path = self.docs[uri], self.path(uri)
-        p = {"path": path, "text": doc.text, "version": doc.version}
-        root = self.root_of(path)
-        if root:
-            p["root"] = root
-        return p
-
-    def replay(self) -> None:
-        """A new daemon connection: open every document again (the daemon may have restarted)."""
-        for uri in self.docs:
-            self.relay.request("didOpen", self.open_params(uri))[1].add_done_callback(_quiet)
-
-    def did_open(self, params: t.DidOpenTextDocumentParams) -> None:
-        td = params.text_document
-        self.docs[td.uri] = Doc(td.text, td.version, td.language_id)
-        self.sync("didOpen", self.open_params(td.uri), td.uri)
-
-    def did_change(self, params: t.DidChangeTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        doc = self.docs.get(uri)
-        if doc is None:
-            log.warning("efim: change to a document that is not open: %s", uri)
-            return
-        changes = []
-        try:
-            for ch in params.content_changes:
-                if isinstance(ch, t.TextDocumentContentChangePartial):
-                    start = doc.point(ch.range.start.line, ch.range.start.character, self.conv)
-                    end = doc.point(ch.range.end.line, ch.range.end.character, self.conv)
-                    doc.apply(start, end, ch.text)
-                    changes.append({"range": {"start": {"line": start[0], "character": start[1]},
-                                              "end": {"line": end[0], "character": end[1]}}, "text": ch.text})
-                else:
-                    doc.replace(ch.text)
-                    changes.append({"text": ch.text})
-        except EfimError as e:  # a notification cannot be answered: keep what applied, resync
-            log.warning("efim: bad change to %s: %s", uri, e)
-            doc.version = params.text_document.version
-            self.sync("didOpen", self.open_params(uri), uri)
-            return
-        doc.version = params.text_document.version
-        self.sync("didChange", {"path": self.path(uri), "version": doc.version, "contentChanges": changes}, uri)
-
-    def did_close(self, params: t.DidCloseTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        if self.docs.pop(uri, None) is not None and self.relay is not None:
-            self.relay.notify("didClose", {"path": self.path(uri)}, sync=True)
-
     # -- completion -----------------------------------------------------------------------------
     async def inline_completion(self, params: t.InlineCompletionParams) -> t.InlineCompletionList | None:
         received = time.perf_counter()
@@ -237,6 +134,7 @@ class EfimServer(LanguageServer):
             raise JsonRpcInvalidParams(f"invalid params: document not open: {uri}")
         if not self.settings.enabled(doc.language):
             return t.InlineCompletionList(items=[])
+        self.sync.check(doc)
         try:
             line, col = doc.point(params.position.line, params.position.character, self.conv)
         except EfimError as e:
@@ -247,13 +145,18 @@ class EfimServer(LanguageServer):
         rng = t.Range(start=t.Position(line, self.conv.to_units(cols, start)),
                       end=t.Position(line, self.conv.to_units(cols, col)))
         typed = cols[start:col]
-        p: dict[str, Any] = {"path": self.path(uri), "position": {"line": line, "character": col}}
+        # the version: the daemon refuses to complete any other text (a refused edit, a lost one)
+        p: dict[str, Any] = {"path": fs_path(uri), "position": {"line": line, "character": col}, "version": doc.version}
         if self.settings.max_tokens is not None:
             p["max_tokens"] = self.settings.max_tokens
         if self.settings.max_lines:
             p["max_lines"] = self.settings.max_lines
         started = time.perf_counter()
-        result = await self.complete(p)
+        try:
+            result = await self.complete(p)
+        except JsonRpcException as e:
+            self.sync.check(doc, e)  # the reason behind the daemon's refusal, when there is one
+            raise
         answered = time.perf_counter()
         self.status(result, (answered - received) * 1000, (answered - started) * 1000)
         text = result.get("text") or ""
@@ -301,6 +204,10 @@ class EfimServer(LanguageServer):
         except EfimError as e:
             self.show_message(f"efim: {one_line(str(e))}", t.MessageType.Warning)
 
+    def start_failed(self, reason: str) -> None:
+        """The daemon could not be started (the relay tries again later): say why, once per try."""
+        self.show_message(f"efim: the daemon could not be started: {reason}", t.MessageType.Error)
+
     def show_message(self, text: str, kind: t.MessageType) -> None:
         self.window_show_message(t.ShowMessageParams(type=kind, message=text))
 
@@ -317,17 +224,12 @@ class EfimServer(LanguageServer):
         if self.relay is None:
             raise JsonRpcException("server not initialized", -32002)
         cid = args.get("id")
-        p = {"path": self.path(args["uri"]), "id": str(cid) if cid is not None else "", "text": text,
+        p = {"path": fs_path(args["uri"]), "id": str(cid) if cid is not None else "", "text": text,
              "accepted": n}
         try:
             await self.relay.call("accepted", p)
         except EfimError as e:
             raise lsp_error(e) from None
-
-
-def _quiet(fut: asyncio.Future) -> None:
-    if not fut.cancelled():
-        fut.exception()  # retrieved: a failed replay is logged by the relay already
 
 
 def build() -> EfimServer:
@@ -400,7 +302,9 @@ class _ExpectedErrors(logging.Filter):
 def serve(socket: str | None = None) -> None:
     """Run the server on stdin/stdout until the client exits."""
     logging.getLogger("pygls.protocol.json_rpc").addFilter(_ExpectedErrors())
+    from .stdio import start_io
+
     ls = build()
     if socket:
         ls.settings.socket = socket
-    ls.start_io()
+    start_io(ls)  # efim's reader: a bad frame costs only itself

@@ -63,11 +63,15 @@ class Converter:
 
 
 class Doc:
-    """One open document: its lines, version and language."""
+    """One open document: its lines, version and language, and whether it is in step."""
 
     def __init__(self, text: str, version: int = 0, language: str = ""):
         self.lines = split_lines(text)
         self.version, self.language = version, language
+        self.daemon_error: str | None = None  # why the daemon's copy is not this one (sync.py)
+        self.editor_error: str | None = None  # why this copy may not be the editor's
+        self.full_seq = 0  # the last sync message that carried the whole text
+        self.full_answered = 0  # the last such message the daemon answered
 
     @property
     def text(self) -> str:

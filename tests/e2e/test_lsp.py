@@ -15,7 +15,7 @@ from lsprotocol import types as t
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient, client_capabilities, make_test_lsp_client
 
-from efim_local.errors import CANCELLED, INVALID_PARAMS
+from efim_local.errors import CANCELLED, INVALID_PARAMS, REQUEST_TOO_LARGE
 from efim_local.lsp.server import plain
 
 from tests.helpers import ROOT, Daemon
@@ -198,10 +198,40 @@ async def test_malformed_and_out_of_range_requests_get_errors(client):
     with pytest.raises(JsonRpcException) as e:
         await raw_request(client, t.TEXT_DOCUMENT_INLINE_COMPLETION, {"textDocument": 5})
     assert e.value.code == INVALID_PARAMS
-    # an edit outside the document: the server resyncs instead of dying
+    # an edit outside the document: the server goes on, but its copy is not the editor's any more:
+    # the document's completions fail (issue 27 item 9) until the editor sends its whole text
     edit(client, 2, (50, 0), (50, 0), "zzz")
+    with pytest.raises(JsonRpcException) as e:
+        await inline(client, 4, 7)
+    assert e.value.code == INVALID_PARAMS and "out of step with the editor" in e.value.message
+    assert any("an edit could not be applied" in m.message for m in client.messages)
+    client.text_document_did_change(t.DidChangeTextDocumentParams(
+        text_document=t.VersionedTextDocumentIdentifier(uri=URI, version=3),
+        content_changes=[t.TextDocumentContentChangeWholeDocument(text=TEXT)]))
     got = await inline(client, 4, 7)
     assert got.items[0].range.start == t.Position(4, 4)
+
+
+@pytest.mark.asyncio
+async def test_an_edit_the_daemon_refuses_is_never_completed_as_older_text(client, daemon):
+    """Issue 27 item 9: the daemon refuses an edit (a lone surrogate; 9 MB): the completion is an
+    error that says why, and the editor is warned, never a completion of the text the daemon kept.
+    Undoing the edit sends the whole text again and completions come back, of the editor's text."""
+    open_doc(client)
+    assert (await inline(client, 4, 7)).items
+    for version, text, why in ((2, "\ud800", "lone surrogate"), (4, "#" * (9 << 20), "larger than 8 MiB")):
+        edit(client, version, (0, 0), (0, 0), text)
+        with pytest.raises(JsonRpcException) as e:
+            await inline(client, 4, 7)
+        assert why in e.value.message
+        assert any(why in m.message for m in client.messages)
+        edit(client, version + 1, (0, 0), (0, len(text)), "")
+        got = await inline(client, 4, 7)
+        daemon_agrees(daemon, TEXT, 4, 7, got.items[0].insert_text[3:])
+    with pytest.raises(JsonRpcException) as e:  # a 10 MB accept: answered, not left waiting
+        await asyncio.wait_for(client.workspace_execute_command_async(t.ExecuteCommandParams(
+            command="efim.accepted", arguments=[{"uri": URI, "id": "1", "text": "x" * (10 << 20)}])), 30)
+    assert e.value.code == REQUEST_TOO_LARGE
 
 
 @pytest.mark.asyncio

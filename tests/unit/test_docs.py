@@ -126,7 +126,7 @@ def test_complete_params_table_matches_request():
 
     rows = table(ROOT / "docs" / "protocol.md", "### `complete`")
     documented = {name for row in rows for name in re.findall(r"`(\w+)`", row[0])}
-    real = {name for name, _, _ in CompletionRequest.options()} | {"path", "text", "position", "offset", "stream"}
+    real = {name for name, _, _ in CompletionRequest.options()} | {"path", "text", "position", "offset", "stream", "version"}
     assert documented == real
 
 

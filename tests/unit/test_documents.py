@@ -91,7 +91,58 @@ def test_documents_larger_than_the_limit_are_refused(docs, monkeypatch):
     opened(docs, "x" * 10)
     with pytest.raises(InvalidParams, match="document larger than"):
         change(docs, "a.py", {"range": rng(0, 0, 0, 0), "text": "y"})
-    assert docs.text("a.py") == "x" * 10
+    assert docs.files.get("a.py").text == "x" * 10  # all changes or none
+
+
+@pytest.mark.parametrize("refused", [
+    {"method": "change", "text": "x" * 11},  # over the limit
+    {"method": "change", "text": "x\ud800"},  # a lone surrogate
+    {"method": "change", "range": rng(5, 0, 5, 0)},  # outside the text
+    {"method": "open", "text": "x" * 11},
+    {"method": "open", "text": "\udc80"},
+])
+def test_a_refused_edit_puts_the_document_out_of_step_until_reopened(docs, monkeypatch, refused):
+    """Issue 27 item 9: the daemon's copy is no longer the editor's: its completions, cursor and
+    later incremental edits are refused (with the first reason) until a didOpen brings the text."""
+    monkeypatch.setattr(D, "MAX_DOCUMENT_BYTES", 10)
+    opened(docs, "abc", version=1)
+    with pytest.raises(InvalidParams) as first:
+        if refused["method"] == "open":
+            docs.open({"path": "a.py", "text": refused["text"], "version": 2})
+        else:
+            ch = {"text": refused.get("text", "y")}
+            if "range" in refused:
+                ch["range"] = refused["range"]
+            change(docs, "a.py", ch, version=2)
+    reason = first.value.message.removeprefix("invalid params: ")
+    for call in (lambda: docs.text("a.py"), lambda: change(docs, "a.py", {"range": rng(0, 0, 0, 0), "text": "z"})):
+        with pytest.raises(InvalidParams, match="out of step") as e:
+            call()
+        assert reason in e.value.message
+    opened(docs, "fresh", version=3)
+    assert docs.text("a.py", version=3) == "fresh"
+    with pytest.raises(InvalidParams, match="too many content changes"):
+        change(docs, "a.py", *[{"text": "q"}] * (D.MAX_CHANGES + 1))
+    with pytest.raises(InvalidParams, match="out of step"):
+        docs.text("a.py")
+    docs.close({"path": "a.py"})
+    opened(docs, "abc")
+    assert docs.text("a.py") == "abc"  # closing forgets the refusal
+
+
+def test_a_refused_open_of_a_new_document_opens_nothing(docs):
+    with pytest.raises(InvalidParams, match="surrogate"):
+        docs.open({"path": "n.py", "text": "\ud800"})
+    with pytest.raises(InvalidParams, match="document not open"):
+        docs.text("n.py")
+    assert docs.refused == {}
+
+
+def test_text_checks_the_version_the_caller_expects(docs):
+    opened(docs, "abc", version=4)
+    assert docs.text("a.py", version=4) == "abc"
+    with pytest.raises(InvalidParams, match="the daemon has version 4 of a.py, not 5"):
+        docs.text("a.py", version=5)
 
 
 def test_files_forget_closed_documents_first_and_never_open_ones():
@@ -135,7 +186,7 @@ def test_crlf_line_ends(docs):
     assert docs.text(path) == "abXcd\r\n"
     with pytest.raises(InvalidParams, match="past the end of line 1"):
         change(docs, path, {"range": rng(0, 6, 0, 6), "text": "?"})  # between CR and LF is not a position
-    assert docs.text(path) == "abXcd\r\n"
+    assert docs.files.get(path).text == "abXcd\r\n"
 
 
 @pytest.mark.parametrize("ch,message", [
@@ -161,21 +212,20 @@ def test_bad_changes_are_refused_and_change_nothing(docs, ch, message):
 
 
 def test_change_params(docs):
-    path = opened(docs, "x")
-    with pytest.raises(InvalidParams, match="'contentChanges' is required"):
-        docs.change({"path": path})
-    with pytest.raises(InvalidParams, match="'contentChanges' must be list"):
-        docs.change({"path": path, "contentChanges": {"text": "y"}})
-    with pytest.raises(InvalidParams, match="too many content changes"):
-        change(docs, path, *[{"text": "y"}] * (D.MAX_CHANGES + 1))
-    assert docs.text(path) == "x"
+    for params, message in [({}, "'contentChanges' is required"),
+                             ({"contentChanges": {"text": "y"}}, "'contentChanges' must be list"),
+                             ({"contentChanges": [{"text": "y"}] * (D.MAX_CHANGES + 1)}, "too many content changes")]:
+        path = opened(docs, "x")  # reopened: each refusal puts it out of step
+        with pytest.raises(InvalidParams, match=message):
+            docs.change({"path": path, **params})
+        assert docs.files.get(path).text == "x"
 
 
 def test_a_bad_version_changes_nothing(docs):
     path = opened(docs, "abc")
     with pytest.raises(InvalidParams):
         change(docs, path, {"range": rng(0, 0, 0, 0), "text": "x"}, version=-1)
-    assert docs.text(path) == "abc"
+    assert docs.files.get(path).text == "abc"
 
 
 EDITS = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 20), st.text("ab\n\r\té日🙂", max_size=6)),
@@ -218,7 +268,7 @@ def test_the_document_limit_counts_utf8_bytes(docs, monkeypatch):
         opened(docs, "\U0001F600" * 4, "b.py")  # 4 code points, 16 bytes
     with pytest.raises(InvalidParams, match="document larger than"):
         change(docs, "a.py", {"range": rng(0, 0, 0, 0), "text": "e"})
-    assert docs.text("a.py") == "é" * 6
+    assert docs.files.get("a.py").text == "é" * 6
 
 
 @pytest.mark.parametrize("params,message", [

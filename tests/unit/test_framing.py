@@ -152,8 +152,25 @@ def test_read_lines_splits_frames_and_skips_blank_lines():
     assert got == [b'{"a": 1}', b'{"b": 2}', b'{"c": 3}']
 
 
-def test_an_oversized_line_yields_none_once_and_the_next_line_is_read(monkeypatch):
+def test_an_oversized_line_yields_oversized_once_and_the_next_line_is_read(monkeypatch):
     # Over the limit inside one read, and across reads (a line longer than one recv()).
-    assert lines_of([b"x" * 40 + b"\nok\n"], monkeypatch, max_frame=16) == [None, b"ok"]
-    assert lines_of([b"y" * 200_000, b"y" * 1000 + b"\nok\n"], monkeypatch, max_frame=16) == [None, b"ok"]
+    big = framing.Oversized
+    assert lines_of([b"x" * 40 + b"\nok\n"], monkeypatch, max_frame=16) == [big(b"x" * 40), b"ok"]
+    assert lines_of([b"y" * 200_000, b"y" * 1000 + b"\nok\n"], monkeypatch, max_frame=16) == [
+        big(b"y" * framing.HEAD), b"ok"]
     assert lines_of([b"z" * 16 + b"\n"], monkeypatch, max_frame=16) == [b"z" * 16]  # the limit itself is fine
+
+
+@pytest.mark.parametrize("head,rid", [
+    (b'{"jsonrpc":"2.0","id":7,"method":"didChange","params":{"x":"' + b"a" * 900, 7),
+    (b'  { "jsonrpc" : "2.0" , "id" : "abc\\"d", "params": {', 'abc"d'),
+    (b'{"method":"m","jsonrpc":"2.0","id":-3', None),  # cut inside the id: unreadable
+    (b'{"method":"m","jsonrpc":"2.0","id":-3,', -3),
+    (b'{"params":{"id":5},"id":6', None),  # params first: nested values end the search
+    (b'{"id":true,"method":"m"', None),  # not a valid id
+    (b'[{"id":1}', None),
+    (b'{"jsonrpc":"2.0","id":1.5,', None),
+    (b"\xff\xfe", None),
+])
+def test_leading_id_of_an_oversized_frame(head, rid):
+    assert framing.leading_id(head) == rid

@@ -1,10 +1,7 @@
 """Attacks on a running daemon: each bad-client behaviour of issue 17, and whether the daemon held.
 
 Every attack talks to a real daemon over its real socket and ends by checking that the daemon
-still answers a completion. Used by ``scripts/attack.py`` (against any running daemon, e.g. one
-from ``efim daemon start``) and by tests/e2e/test_daemon_attack.py (a test daemon with short
-deadlines). An attack returns a one-line detail when the daemon held and raises ``Failed`` when
-it did not; ``Skipped`` when it cannot run here (e.g. the test hooks are off).
+still answers a completion (see ``__init__.py``).
 """
 
 from __future__ import annotations
@@ -14,78 +11,14 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-from .. import errors as E
-from ..daemon.client import Client
+from ... import errors as E
+from .base import Failed, Raw, Skipped, Target, check, error_code, small_complete, status
 
 BIG_LINES = 4_000_000  # "\n" * 4M: item 11's document of 4 M lines (an 8 MB frame)
-
-
-class Failed(AssertionError):
-    """The daemon did not hold."""
-
-
-class Skipped(Exception):
-    """The attack cannot run against this daemon."""
-
-
-@dataclass
-class Target:
-    """A daemon to attack: its socket, its deadlines (seconds) and a scratch directory."""
-
-    sock: Path
-    frame_timeout: float = 10.0
-    send_timeout: float = 10.0
-    max_connections: int = 64
-    tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="efim-attack-")))
-
-
-def check(ok: bool, what: str) -> None:
-    if not ok:
-        raise Failed(what)
-
-
-class Raw(Client):
-    """A raw connection: any frame out (JSON escapes surrogates, so they reach the daemon), and each
-    reply as it came, errors included."""
-
-    def send(self, obj: dict | bytes) -> None:
-        self.sock.sendall(obj if isinstance(obj, bytes) else json.dumps(obj).encode() + b"\n")
-
-    def exchange(self, method: str, params: dict | None = None, rid=1) -> dict:
-        """One request; its reply (result or error), skipping streamed notifications."""
-        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
-        while True:
-            msg = self.read()
-            if "id" in msg:
-                return msg
-
-
-def small_complete(t: Target, path: str = "attack-probe.py", timeout: float = 30.0) -> float:
-    """A completion on a small document; its wall time (s). Fails unless it is answered."""
-    t0 = time.monotonic()
-    with Raw(t.sock, timeout) as c:
-        r = c.exchange("complete", {"path": str(t.tmp / path), "text": "def f(x):\n    return x\n", "offset": 10,
-                                "max_tokens": 2})
-    check("result" in r, f"a completion after the attack failed: {r.get('error')}")
-    return time.monotonic() - t0
-
-
-def status(t: Target) -> dict:
-    with Raw(t.sock, 30) as c:
-        r = c.exchange("status")
-    check("result" in r, f"status failed: {r.get('error')}")
-    return r["result"]
-
-
-def error_code(reply: dict) -> int | None:
-    return reply.get("error", {}).get("code")
 
 
 # -- the attacks --------------------------------------------------------------------------------------
@@ -383,18 +316,3 @@ def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 ATTACKS: dict[str, Callable[[Target], str]] = {f.__name__: f for f in (
     surrogates, nan, flood, slow_reader, slow_writer, special_files, huge_change, utf8_limit, idle_tokenize,
     roots, watchdog, socket_path, state_dir)}
-
-
-def run(t: Target, names: list[str] | None = None) -> list[dict]:
-    """Run the attacks (all, or ``names``); one row each: name, held (True/False/None: skipped), detail."""
-    rows = []
-    for name in names or ATTACKS:
-        t0 = time.monotonic()
-        try:
-            held, detail = True, ATTACKS[name](t)
-        except Skipped as e:
-            held, detail = None, str(e)
-        except Exception as e:  # noqa: BLE001 - a failed attack is a row, not a crash of the runner
-            held, detail = False, f"{e.__class__.__name__}: {e}"
-        rows.append({"attack": name, "held": held, "detail": detail, "seconds": round(time.monotonic() - t0, 1)})
-    return rows
