@@ -1,4 +1,4 @@
-"""The store's directory: created owner-only."""
+"""The store's directory and index files: owner-only."""
 
 from __future__ import annotations
 
@@ -22,3 +22,30 @@ def private_dir(d: Path) -> Path:
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(d, 0o700)
     return d
+
+
+def private_file(path: Path, create: bool = True) -> None:
+    """Create ``path`` empty and 0600 if missing (never through a symbolic link; not with
+    ``create=False``); an existing regular file of ours that others can read is tightened to 0600.
+    Anything else is left to the caller (which refuses what is not a regular file)."""
+    if not create:
+        return _tighten(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        _tighten(path)
+        return
+    os.close(fd)
+
+
+def _tighten(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return  # a symbolic link or unreadable: the caller refuses it
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
