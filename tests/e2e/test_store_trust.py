@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from tests.helpers import efim_cli
+from tests.helpers import Daemon, efim_cli
 
 OTHER_UID = 65534  # nobody
 
@@ -36,3 +36,16 @@ def test_in_process_completion_refuses_a_planted_store_directory(tmp_path, tiny_
     assert "refusing" in err, err
     assert stat.S_IMODE(victim.stat().st_mode) == 0o755  # not chmodded
     assert sorted(p.name for p in victim.iterdir()) == ["precious"]  # nothing written into it
+
+
+def test_store_attacks_of_the_attack_script_hold(tmp_path, tiny_model):
+    """The same attacks as scripts/attack.py runs them (items 10 and 11), with a real daemon's model."""
+    from efim_local.bench.attack import Target
+    from efim_local.bench.attack_store import STORE_ATTACKS
+
+    d = Daemon(tmp_path / "d", tiny_model).start()
+    try:
+        for name, attack in STORE_ATTACKS.items():
+            print(name, attack(Target(d.sock, tmp=tmp_path)))
+    finally:
+        d.stop()
