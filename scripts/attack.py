@@ -5,7 +5,8 @@ slow writer, FIFO and /dev/zero documents, a huge didChange, the UTF-8 limit, id
 many roots, the engine watchdog, --socket at a file, a planted daemon.pid link; and from issue 27:
 edits the daemon refuses behind efim lsp, a 10 MB efim.accepted, Content-Length 10^23, frames
 without Content-Length, short or LF-only, an oversized frame's id, / and ~ as roots, the socket's
-lock file, efim lsp when the daemon cannot start) against the daemon on the socket, then prints a
+lock file, efim lsp when the daemon cannot start, a planted store directory, the index's mode)
+against the daemon on the socket, then prints a
 table, saves bench-results/attack.json and exits 1 if any attack got through. The daemon's
 deadlines default to the production ones (10 s each).
 

@@ -85,15 +85,12 @@ class Engine:
 
                 params = layout_params(config.context, llama_cpp.__version__)
                 # A store that cannot be used (full disk, not a directory) is None, with one warning.
-                self.store = StateStore.open(store, model_path, layout_key(params), params, whole_state_only=self.swa)
+                shrink = self.sparse.shrink if self.sparse is not None and self.sparse.skew is not None else None
+                self.store = StateStore.open(store, model_path, layout_key(params), params, self.swa, shrink)
                 if self.store is not None:
                     stack.enter_context(self.store)
                 if self.store is not None and self.sparse is not None:
                     self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
-                    if self.sparse.skew is not None:
-                        frac = store.shrink_to
-                        self.store.shrink = lambda payload, partial, sel: self.sparse.shrink(
-                            payload, partial, sel, frac)
             self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens,
                                    observe=lambda n, c, ms: self.speed.observe(n, c, ms))
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,

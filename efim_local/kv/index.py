@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import sqlite_utils
 
+from .private import private_file
 from ..errors import StoreError
 
 CHUNK = 64
@@ -98,12 +99,25 @@ COLUMNS = {"states": {"id", "path", "content_hash", "model", "layout", "n_tokens
            "chunks": {"hash", "state_id", "n"}, "counters": {"name", "value"}, "evicted": {"path", "model", "time"}}
 
 
+def _private_files(path: Path) -> None:
+    """The index 0600 before SQLite opens it: SQLite gives its -wal and -shm files the database
+    file's mode (older versions left all three 0644 under the usual umask)."""
+    try:
+        private_file(path)
+        for suffix in ("-wal", "-shm"):
+            private_file(path.with_name(path.name + suffix), create=False)
+    except OSError as e:
+        raise StoreError(f"state index {path}: {e.strerror or e}") from None
+
+
 class Index:
     """The index at ``path``. Raises IndexCorrupt if it must be rebuilt, StoreError if it cannot be
     used (a full disk, an unreadable directory). ``readonly``: opened immutable, never written."""
 
     def __init__(self, path: Path, readonly: bool = False):
         self.path, self.readonly = path, readonly
+        if not readonly:
+            _private_files(path)
         try:
             st = path.lstat()
         except FileNotFoundError:

@@ -1,9 +1,10 @@
 """StateStore: saved KV states in host RAM and on disk, under MB budgets.
 
-Tiers: live slots (the engine's) → RAM (normalized ``llama_state_seq_get_data``
-bytes) → disk (state files) → deleted. Eviction moves a state one tier down,
-least valuable first (recency, hits, length). Budgets hold at all times: a
-state enters a tier only after room was made for it.
+Tiers: live slots (the engine's) → RAM (normalized ``llama_state_seq_get_data`` bytes, ``ram.py``)
+→ disk (state files, ``disk.py``) → deleted. The store composes the two tiers over one SQLite index
+and decides what to look up, restore, save and drop; the tiers hold the data and keep their budgets
+(a state enters a tier only after room was made for it). Sparse restores' bookkeeping lives in
+``sparse/book.py``; what it needs from the model (the shrink function) is passed to ``open``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ import errno
 import hashlib
 import logging
 import os
-import stat
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +23,18 @@ import numpy as np
 from .events import MISS_REASONS, Event, counter_names
 from .prefix import common_prefix
 from . import kvblob, stateformat
+from .disk import DiskTier, max_file_bytes, rebuild
 from .fingerprint import model_fingerprint
 from .index import Index, IndexCorrupt, valid_id
-from .tiers import MB, Tiers
+from .private import private_dir
+from .ram import RamTier
+from .sparse.book import ShrinkFn, SparseBook
+from .tier import MB, Entry, Kind, Tier
 from ..errors import StateFileError, StoreError, one_line
 
 log = logging.getLogger("efim.store")
+
+__all__ = ["Entry", "Lookup", "Match", "StateStore", "StoreConfig"]
 
 
 @dataclass(frozen=True)
@@ -41,21 +47,6 @@ class StoreConfig:
     # this fraction of its cells (the most often selected ones) before it is evicted. 0: off.
     shrink_to: float = 0.0
     shrink_min_tokens: int = 4096
-
-
-@dataclass
-class Entry:
-    """A state in the RAM tier."""
-
-    id: str
-    tokens: np.ndarray
-    payload: bytes  # normalized sequence state
-    path: str
-    content_hash: str
-    created: float
-    last_used: float
-    hits: int = 0
-    partial: bytes | None = None  # InfiniGen partial keys (npz), kept beside the state
 
 
 @dataclass
@@ -73,96 +64,68 @@ class Lookup:
     miss_reason: str | None = None
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _private_dir(d: Path) -> None:
-    """Create ``d`` owner-only; chmod it only when its mode is wrong (a read-only disk is the caller's
-    to handle: the OSError propagates)."""
-    try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except FileExistsError:
-        raise StoreError(f"{d} is not a directory") from None
-    st = d.stat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise StoreError(f"{d} is not a directory")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(d, 0o700)
-
-
 _READONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-def _tmp_owner(p: Path) -> int:
-    """The pid in a temp file name ``<id>.kv.<pid>.tmp``."""
-    try:
-        return int(p.name.rsplit(".", 2)[-2])
-    except (ValueError, IndexError):
-        return 0
+class StateStore:
+    """The store in ``cfg.dir`` for states of one model (``model``: its fingerprint) and KV layout.
+    ``whole_state_only``: sliding-window models restore whole states, never truncated ones.
+    ``shrink``: ``SparseMode.shrink``, to shrink long states under disk pressure (``cfg.shrink_to``).
+    Raises StoreError (one line) when the directory cannot be used; see ``open``."""
 
-
-@dataclass
-class StateStore(Tiers):
-    cfg: StoreConfig
-    model: bytes  # model fingerprint
-    layout: bytes  # layout key
-    layout_params: dict
-    whole_state_only: bool = False  # sliding-window models: restore whole states, never truncate
-    ram: dict[str, Entry] = field(default_factory=dict)
-    counts: Counter = field(default_factory=Counter)
-    shrink: object = None  # callable(payload, partial, selected) -> (payload, partial) | None
-    selected: dict = field(default_factory=dict)  # state id -> times selected, indexed by position
-
-    def __post_init__(self):
-        self.dir = Path(self.cfg.dir)
-        self.files = self.dir / "states"
+    def __init__(self, cfg: StoreConfig, model: bytes, layout: bytes, layout_params: dict,
+                 whole_state_only: bool = False, shrink: ShrinkFn | None = None):
+        self.cfg, self.whole_state_only = cfg, whole_state_only
+        self.kind = Kind(model, layout, layout_params)
+        self._model_hex, self._layout_hex = self.kind.model_hex, self.kind.layout_hex
+        self.counts: Counter = Counter()
+        self.book = SparseBook(shrink, cfg.shrink_to, cfg.shrink_min_tokens)
+        self.dir = Path(cfg.dir)
+        files = self.dir / "states"
         self.readonly = False  # a read-only disk: restore what is saved, save nothing
         self.bad: set[str] = set()  # states found unusable that could not be deleted (read-only)
         self._warned: set = set()
         try:
-            for d in (self.dir, self.files):
-                _private_dir(d)
+            for d in (self.dir, files):
+                private_dir(d)
         except OSError as e:
-            if e.errno not in _READONLY or not self.files.is_dir():
+            if e.errno not in _READONLY or not files.is_dir() or files.is_symlink():
                 raise StoreError(f"state store {self.dir}: {e.strerror or e}") from None
             self.readonly = True
-        self.readonly = self.readonly or not os.access(self.files, os.W_OK)
-        self.index = self._open_index()
-        self._model_hex, self._layout_hex = self.model.hex(), self.layout.hex()
+        self.readonly = self.readonly or not os.access(files, os.W_OK)
+        self.index = self._open_index(files)
+        self.disk = DiskTier(files, cfg.disk_mb, self.index, self.kind, self.book, self.counts)
+        self.ram = RamTier(cfg.ram_mb * MB, self.index, self.kind, below=self.disk)
         if self.readonly:
             log.warning("state store %s is read-only: restoring saved states, saving none", self.dir)
             return
-        self._drop_stale_ram_rows()
-        for tmp in self.files.glob("*.tmp"):
-            if not _alive(_tmp_owner(tmp)):
-                stateformat.remove(tmp)  # a save that was interrupted
+        self.ram.drop_stale_rows()
+        self.disk.drop_temp()  # saves that were interrupted
 
     @classmethod
-    def open(cls, cfg: StoreConfig, model_path: str | Path, *args, **kw) -> "StateStore | None":
+    def open(cls, cfg: StoreConfig, model_path: str | Path, layout: bytes, layout_params: dict,
+             whole_state_only: bool = False, shrink: ShrinkFn | None = None) -> "StateStore | None":
         """The store for the model at ``model_path`` (its fingerprint is cached in the store), or None
         with one warning when the directory or index cannot be used at all (a full disk, a path that is
-        not a directory): efim then serves without saved states."""
+        not a directory, a directory another user could change): efim then serves without saved states."""
+        d = Path(cfg.dir)
         try:
             try:
-                Path(cfg.dir).mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError:
-                pass  # a read-only or odd directory: the store's own checks say what to do
-            fp = model_fingerprint(model_path, Path(cfg.dir) if Path(cfg.dir).is_dir() else None)
-            return cls(cfg, fp, *args, **kw)
+                cache = private_dir(d)  # checked before the fingerprint cache is written into it
+            except OSError:  # a read-only or full disk: the store's own checks say what to do
+                cache = d if d.is_dir() and not d.is_symlink() else None
+            fp = model_fingerprint(model_path, cache)
+            return cls(cfg, fp, layout, layout_params, whole_state_only, shrink)
         except (StoreError, OSError) as e:
             log.warning("state store %s is unusable (%s): serving without saved states", cfg.dir, one_line(str(e)))
             return None
 
-    def _open_index(self) -> Index:
+    @classmethod
+    def admin(cls, cfg: StoreConfig) -> "StateStore":
+        """A store opened without a model, for listing and maintenance."""
+        return cls(cfg, model=b"", layout=b"", layout_params={})
+
+    def _open_index(self, files: Path) -> Index:
         """The index; a corrupt or foreign one is set aside and rebuilt from the state files."""
         path = self.dir / "index.db"
         try:
@@ -174,39 +137,8 @@ class StateStore(Tiers):
         for suffix in ("", "-wal", "-shm", "-journal"):
             stateformat.remove(path.with_name(path.name + suffix))
         index = Index(path)
-        self._rebuild(index)
+        rebuild(files, index, max_file_bytes(self.cfg.disk_mb))
         return index
-
-    def _rebuild(self, index: Index) -> int:
-        """Add a row for every readable state file (any model: the header names it); drop the rest.
-        Paths and hit counts are not in the files, so they start empty."""
-        n = 0
-        for p in self.files.glob("*.kv"):
-            sid = p.name[:-3]
-            try:
-                if not valid_id(sid):
-                    raise StateFileError("corrupt", "not a state file name")
-                head, toks = stateformat.read_tokens(p, max_bytes=self._max_file_bytes())
-                with stateformat.open_regular(p) as f:  # a shrunk state holds fewer cells than tokens
-                    f.seek(p.stat().st_size - head.payload_len)
-                    cells = int.from_bytes(f.read(4), "little")
-            except (StateFileError, OSError) as e:
-                log.warning("dropping state file %s: %s", p.name, e)
-                stateformat.remove(p)
-                stateformat.remove(p.with_suffix(".pk"))
-                continue
-            st = p.stat()
-            index.add({"id": sid, "path": "", "content_hash": "", "model": head.model.hex(),
-                       "layout": head.layout.hex(), "n_tokens": len(toks), "bytes": st.st_size, "tier": "disk",
-                       "created": st.st_mtime, "last_used": st.st_mtime, "hits": 0, "owner": 0,
-                       "kept": 1.0 if cells >= len(toks) else cells / max(1, len(toks))}, toks)
-            n += 1
-        log.info("state index rebuilt: %d states", n)
-        return n
-
-    def _max_file_bytes(self) -> int:
-        """No state file is larger than the disk budget (a bigger one was never written by us)."""
-        return int(self.cfg.disk_mb * MB) + (64 << 20)
 
     def _try(self, what: str, fn, *args):
         """Run a store write. A full or read-only disk or a failing index costs the save, never the
@@ -237,54 +169,39 @@ class StateStore(Tiers):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _drop_stale_ram_rows(self) -> int:
-        """Forget RAM-tier rows of processes that are gone (or of this one, but not in RAM)."""
-        n = 0
-        for row in self.index.rows("ram"):
-            mine = row["owner"] == os.getpid()
-            if (mine and row["id"] not in self.ram) or (not mine and not _alive(row["owner"])):
-                self.index.remove(row["id"])
-                n += 1
-        return n
-
-    # -- sizes --------------------------------------------------------------
+    # -- where states are -----------------------------------------------------------------
     def ram_bytes(self) -> int:
-        return sum(len(e.payload) + e.tokens.nbytes for e in self.ram.values())
+        return self.ram.used()
 
     def disk_bytes(self) -> int:
-        return sum(r["bytes"] for r in self.index.rows("disk"))
+        return self.disk.used()
 
-    def partial_of(self, state_id: str) -> Path:
-        """The partial-keys sidecar beside a state file (InfiniGen)."""
-        return self.file_of(state_id).with_suffix(".pk")
+    @property
+    def selected(self) -> dict:
+        """State id -> times each position was selected by sparse restores."""
+        return self.book.selected
 
-    def _unlink(self, state_id: str) -> None:
-        if valid_id(state_id):  # an id that is not a hash names no file of ours (`../../victim`)
-            stateformat.remove(self.file_of(state_id))
-            stateformat.remove(self.partial_of(state_id))
+    def file_of(self, state_id: str) -> Path:
+        return self.disk.file_of(state_id)
+
+    def _holder(self, state_id: str, tier: str = "disk") -> Tier | None:
+        """The tier holding a state whose index row names ``tier`` (RAM first: it may be newer)."""
+        if state_id in self.ram:
+            return self.ram
+        return self.disk if tier == "disk" else None
 
     def load_partial(self, state_id: str, max_bytes: int = 1 << 30) -> bytes | None:
         """The state's saved partial keys, or None (the caller computes them)."""
-        e = self.ram.get(state_id)
-        if e is not None:
-            return e.partial
-        try:
-            with stateformat.open_regular(self.partial_of(state_id), max_bytes) as f:
-                return f.read(max_bytes + 1)
-        except (StateFileError, OSError):
-            return None
-
-    def file_of(self, state_id: str) -> Path:
-        if not valid_id(state_id):
-            raise StateFileError("corrupt", f"invalid state id {state_id[:40]!r}")
-        return self.files / f"{state_id}.kv"
+        if state_id in self.ram:
+            return self.ram.partial(state_id)
+        return self.disk.partial(state_id, max_bytes)
 
     def state_id(self, tokens: np.ndarray) -> str:
-        h = hashlib.sha256(self.model + self.layout)
+        h = hashlib.sha256(self.kind.model + self.kind.layout)
         h.update(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
         return h.hexdigest()[:32]  # file names come from hashes, never from paths
 
-    # -- lookup and load ------------------------------------------------------
+    # -- lookup and load ------------------------------------------------------------------
     def lookup(self, tokens: np.ndarray, path: str | None = None, content_hash=None,
                shrunk: bool = False) -> Lookup:
         """The saved state sharing the longest usable token prefix with ``tokens``
@@ -330,33 +247,23 @@ class StateStore(Tiers):
         return "no_state"
 
     def _tokens_of(self, row: dict) -> np.ndarray | None:
-        e = self.ram.get(row["id"])
-        if e is not None:
-            return e.tokens
-        if row["tier"] != "disk":
+        tier = self._holder(row["id"], row["tier"])
+        if tier is None:  # a RAM row of another process (or a stale one)
             self._try("index update", self.index.remove, row["id"])
             return None
         try:
-            _, toks = stateformat.read_tokens(self.file_of(row["id"]), self.model, self.layout,
-                                              self._max_file_bytes())
-            return toks
+            return tier.tokens(row["id"])
         except (StateFileError, OSError) as e:
             self._drop_bad(row["id"], e)
             return None
 
     def load(self, match: Match, n_tokens: int) -> bytes | None:
         """The normalized state for ``match``, cut to ``n_tokens`` when allowed; None if unusable."""
-        e = self.ram.get(match.id)
-        if e is not None:
-            payload, toks = e.payload, e.tokens
-            e.last_used, e.hits = time.time(), e.hits + 1
-        else:
-            try:
-                _, toks, payload = stateformat.read(self.file_of(match.id), self.model, self.layout,
-                                                    self._max_file_bytes())
-            except (StateFileError, OSError) as err:
-                self._drop_bad(match.id, err)
-                return None
+        try:
+            toks, payload = self._holder(match.id).read(match.id)
+        except (StateFileError, OSError) as err:
+            self._drop_bad(match.id, err)
+            return None
         if not np.array_equal(toks, match.tokens):
             self._drop_bad(match.id, StateFileError("corrupt", "state changed under us"))
             return None
@@ -374,12 +281,12 @@ class StateStore(Tiers):
     def _drop_bad(self, state_id: str, err: Exception) -> None:
         log.warning("dropping state %s: %s", state_id[:12], err)
         self.counts["dropped_" + getattr(err, "reason", "corrupt")] += 1
-        self.ram.pop(state_id, None)
+        self.ram.remove(state_id)
         self.bad.add(state_id)  # never tried again, even where it cannot be deleted (a read-only disk)
-        self._try("drop", self._unlink, state_id)
+        self._try("drop", self.disk.remove, state_id)
         self._try("index update", self.index.remove, state_id)
 
-    # -- saving ---------------------------------------------------------------
+    # -- saving ---------------------------------------------------------------------------
     def put(self, tokens: np.ndarray, payload: bytes, path: str, content_hash: str = "",
             partial: bytes | None = None) -> str | None:
         """Add a state to the RAM tier (spilling others down); replaces older states of ``path``.
@@ -400,86 +307,56 @@ class StateStore(Tiers):
                 self._delete(row["id"])
         now = time.time()
         entry = Entry(sid, np.array(tokens, dtype=np.int32), payload, path, content_hash, now, now, partial=partial)
-        size = len(payload) + entry.tokens.nbytes
-        if size > self.cfg.ram_mb * MB:
-            self._write_disk(entry)  # too big for RAM: straight to disk
+        if RamTier.size(entry) > self.ram.budget:
+            self.disk.add(entry)  # too big for RAM: straight to disk
             return sid
         old = self.index.get(sid)
         if old:
             entry.hits, entry.created = old["hits"], old["created"]
         self._delete(sid, keep_index=True)
-        self._make_room_ram(size)
-        self.ram[sid] = entry
-        self.index.add(self._row(entry, "ram", size), entry.tokens)
+        self.ram.add(entry)
         return sid
+
+    def spill(self) -> int:
+        """Write every RAM state to disk (before the process exits). Returns how many were written
+        (a full or read-only disk writes none, with one warning)."""
+        return sum(self._try("save", lambda e: self.disk.add(e) or 1, e) or 0 for e in self.ram.drain())
 
     def note_selection(self, state_id: str, positions: np.ndarray) -> None:
         """Count which cells a sparse restore chose, per position (in memory: no disk write on the
         request path)."""
-        if len(positions) == 0:
-            return
-        c = self.selected.get(state_id, np.zeros(0, np.int32))
-        top = int(positions.max()) + 1
-        if len(c) < top:
-            c = self.selected[state_id] = np.concatenate([c, np.zeros(top - len(c), np.int32)])
-        c[positions] += 1
-
-    def _row(self, e: Entry, tier: str, size: int) -> dict:
-        return {"id": e.id, "path": e.path, "content_hash": e.content_hash, "model": self._model_hex,
-                "layout": self._layout_hex, "n_tokens": len(e.tokens), "bytes": size, "tier": tier,
-                "created": e.created, "last_used": e.last_used, "hits": e.hits,
-                "owner": os.getpid() if tier == "ram" else 0, "kept": 1.0}
+        self.book.note(state_id, positions)
 
     def _delete(self, state_id: str, keep_index: bool = False) -> None:
-        self.ram.pop(state_id, None)
-        self._unlink(state_id)
+        self.ram.remove(state_id)
+        self.disk.remove(state_id)
         if not keep_index:
             self.index.remove(state_id)
 
-    # -- maintenance ----------------------------------------------------------
+    # -- maintenance ----------------------------------------------------------------------
     def gc(self) -> dict:
         """Reconcile index and files in both directions, then enforce the budgets."""
         if self.readonly:
             raise StoreError(f"state store {self.dir} is read-only")
         rows = {r["id"]: r for r in self.index.rows()}
-        # Only regular files are state files: a directory, FIFO or symlink under such a name is removed.
-        regular = lambda p: stat.S_ISREG(p.lstat().st_mode)
-        files = {p.stem: p for p in self.files.glob("*.kv") if regular(p)}
+        files = self.disk.state_files()
         out = Counter()
         for sid, r in rows.items():
             if not valid_id(sid) or (r["tier"] == "disk" and sid not in files):
                 self.index.remove(sid)
                 out["rows_without_file"] += 1
-        out["stale_ram_rows"] = self._drop_stale_ram_rows()
-        for p in self.files.glob("*.kv"):
-            r = rows.get(p.stem)
-            if r is None or r["tier"] != "disk" or not regular(p):
-                stateformat.remove(p)
-                out["files_without_row"] += 1
-        for p in self.files.glob("*.pk"):
-            if p.stem not in files or p.stem not in rows or not regular(p):
-                stateformat.remove(p)
-                out["files_without_row"] += 1
-        for p in self.files.glob("*.tmp"):
-            if not _alive(_tmp_owner(p)):
-                stateformat.remove(p)
-                out["temp_files"] += 1
-        self._make_room_disk(0)
-        self._make_room_ram(0)
+        out["stale_ram_rows"] = self.ram.drop_stale_rows()
+        out.update(self.disk.reconcile(rows, files))
+        self.disk.make_room(0)
+        self.ram.make_room(0)
         return {k: out[k] for k in ("rows_without_file", "files_without_row", "stale_ram_rows", "temp_files")}
 
     def clear(self) -> None:
         if self.readonly:
             raise StoreError(f"state store {self.dir} is read-only")
         self.ram.clear()
-        for p in self.files.iterdir():
-            stateformat.remove(p)
+        self.disk.clear()
         self.index.clear()
-
-    @classmethod
-    def admin(cls, cfg: StoreConfig) -> "StateStore":
-        """A store opened without a model, for listing and maintenance."""
-        return cls(cfg, model=b"", layout=b"", layout_params={})
 
     def record(self, event: Event) -> None:
         """Count a hit or miss event (in memory; written to the index when idle)."""
@@ -490,8 +367,9 @@ class StateStore(Tiers):
         """Write the counts to the index (kept in memory while the disk refuses)."""
         counts = dict(self.counts)
         if counts and self._try("counter update", lambda: self.index.bump(counts) or True):
-            self.counts.subtract(counts)
-            self.counts = +self.counts
+            self.counts.subtract(counts)  # in place: the disk tier counts into the same Counter
+            for k in [k for k, v in self.counts.items() if v <= 0]:
+                del self.counts[k]
 
     def stats(self) -> dict:
         self.flush_counts()
@@ -499,7 +377,7 @@ class StateStore(Tiers):
             rows, saved = self.index.rows(), self.index.counters()
         except StoreError as err:  # an index that fails now: report what is in memory (status must answer)
             self._warn_once("index read", err)
-            rows, saved = [self._row(e, "ram", len(e.payload)) for e in self.ram.values()], {}
+            rows, saved = [self.kind.row(e, "ram", len(e.payload)) for e in self.ram.entries.values()], {}
         tiers = {t: {"states": sum(r["tier"] == t for r in rows),
                      "bytes": sum(r["bytes"] for r in rows if r["tier"] == t)}
                  for t in ("ram", "disk")}
