@@ -117,7 +117,7 @@ class Engine:
             import llama_cpp
 
             key = speed_key(model_path, self.config.context, llama_cpp.__version__)
-            self.speed_file = store.dir / f"speed-{key}.json"
+            self.speed_file = Path(store.dir) / f"speed-{key}.json"
         self.speed = (load_speed(self.speed_file) if self.speed_file else None) or PrefillSpeed()
         self._saved_speed = self.speed.n
 
