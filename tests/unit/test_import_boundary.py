@@ -7,7 +7,9 @@ module level, inside functions and under ``if TYPE_CHECKING``: a lazy upward imp
 dependency, it only fails later.
 
 Everything under efim_local except training/ and bench/ serves completions: the library, the
-engine, the daemon and the CLI. Only bench/ (and scripts/) may use training/.
+engine, the daemon and the CLI. Only bench/ (and scripts/) may use training/. (The order puts
+training/ just above llama/, the one package it needs; the order alone would let the layers above
+use it, this rule does not.)
 
 One test imports every serving module in a fresh interpreter (a subprocess: this process has
 imported who knows what); the others read every file's imports, including those inside
@@ -64,20 +66,20 @@ LAYERS = (
     ("request",),  # the completion request (position and options), checked once
     ("config",),  # configuration: dataclasses, config.toml, the environment
     ("llama",),  # llama.cpp handles, GGUF metadata keys
+    ("training",),  # writes GGUF files for llama.cpp: knows llama's metadata keys, nothing that serves
     ("prompt",),  # documents, templates, the planner, token healing
     ("kv",),  # the KV state store
     ("engine",),  # the scheduler, runs, slots, reuse, models
     ("api", "catalog"),  # the library API; the model catalog
     ("daemon",),  # the socket, framing, dispatch, handlers, starting a daemon
     ("lsp",),  # efim lsp, relayed to the daemon
-    ("training",),  # never imported by serving code (the tests above)
-    ("bench",),  # benchmarks and attacks; may use training
+    ("bench",),  # benchmarks and attacks: the only package that may use training (the tests below)
     ("cli",),  # the `efim` command, `efim bench` included
 )
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 # Imports that break the order today, each with the branch or issue that removes it.
-KNOWN_UPWARD: set[tuple[str, str]] = set()
+KNOWN_UPWARD: set[tuple[str, str]] = set()  # {(file, package it imports)}
 
 
 def unit(module: str) -> str | None:
@@ -88,19 +90,16 @@ def unit(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in LAYER else "efim_local"
 
 
-def upward_imports(root: Path = PACKAGE) -> dict[tuple[str, str], list[str]]:
-    """(file, imported module) for every import that is not into its own package or below it,
-    with why."""
+def upward_imports(root: Path = PACKAGE) -> dict[tuple[str, str], str]:
+    """{(file, package it imports): why} for every import of a peer in the file's layer or of a
+    package above it."""
     bad = {}
     for p in sorted(root.rglob("*.py")):
         src = unit(module_name(p, root))
-        for m in sorted(imported_modules(p, root)):
-            dst = unit(m)
-            if dst is None or dst == src:
-                continue
+        for dst in {unit(m) for m in imported_modules(p, root)} - {None, src}:
             if LAYER[dst] >= LAYER[src]:
-                why = "a peer in its layer" if LAYER[dst] == LAYER[src] else "above it"
-                bad[(str(p.relative_to(root)), m)] = [f"{src} imports {dst}, {why}"]
+                where = "a peer in its layer" if LAYER[dst] == LAYER[src] else "above it"
+                bad[(str(p.relative_to(root)), dst)] = f"{src} imports {dst}, {where}"
     return bad
 
 
@@ -126,10 +125,9 @@ def test_the_layer_check_sees_upward_imports(tmp_path):
                                          "    import efim_local.daemon.server\nfrom ..llama import Model\n")
     (pkg / "daemon" / "z.py").write_text("from ..engine import Engine\nfrom .. import errors\n")
     (pkg / "api.py").write_text("from . import catalog\n")
-    assert set(upward_imports(pkg)) == {("llama/x.py", "efim_local.engine"),
-                                        ("llama/x.py", "efim_local.engine.Engine"),
-                                        ("engine/y.py", "efim_local.daemon.server"),
-                                        ("api.py", "efim_local.catalog")}
+    assert upward_imports(pkg) == {("llama/x.py", "engine"): "llama imports engine, above it",
+                                   ("engine/y.py", "daemon"): "engine imports daemon, above it",
+                                   ("api.py", "catalog"): "api imports catalog, a peer in its layer"}
 
 
 def test_the_architecture_doc_draws_the_layers():
