@@ -119,31 +119,6 @@ def test_cache_clear_reaches_the_running_daemon(env, tmp_path):
     assert again["via"] == "daemon" and again["tokens"]["cached"] == 0 and again["cache_tier"] == "none"
 
 
-def test_log_file_rotates_and_is_private(tmp_path, monkeypatch):
-    """The daemon's log handler: rotated by size, files 0600, never through a symbolic link."""
-    import logging
-    import os
-
-    from efim_local.daemon import logs
-    from efim_local.errors import ConfigError
-
-    monkeypatch.setattr(logs, "MAX_BYTES", 2000)
-    path = tmp_path / "daemon.log"
-    h = logs.PrivateRotatingFileHandler(path)
-    rec = logging.LogRecord("efim.daemon", logging.INFO, __file__, 1, "x" * 100, None, None)
-    for _ in range(60):
-        h.emit(rec)
-    h.close()
-    assert (tmp_path / "daemon.log.1").exists() and path.stat().st_size <= 2000
-    assert {oct(p.stat().st_mode & 0o777) for p in tmp_path.glob("daemon.log*")} == {"0o600"}
-    target = tmp_path / "elsewhere"
-    target.write_text("")
-    link = tmp_path / "linked.log"
-    os.symlink(target, link)
-    with pytest.raises(ConfigError):
-        logs.PrivateRotatingFileHandler(link)
-
-
 def test_cache_tier_agrees_with_cached_tokens(tmp_path, tiny_model):
     """Every answer, streamed or not, says where its cached tokens came from: ``cached > 0`` exactly
     when ``cache_tier`` is not "none" (a streamed answer once said 13 cached from tier "none": a
