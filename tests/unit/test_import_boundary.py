@@ -17,6 +17,7 @@ functions, which an import alone would not run.
 """
 
 import ast
+import functools
 import json
 import re
 import subprocess
@@ -38,7 +39,8 @@ def module_name(path: Path, root: Path = PACKAGE) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:
+@functools.cache  # three tests read every file
+def imported_modules(path: Path, root: Path = PACKAGE) -> frozenset[str]:
     """Absolute names of every module an import statement in ``path`` may load."""
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -55,7 +57,7 @@ def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:
                 mod = node.module
             out.add(mod)
             out.update(f"{mod}.{a.name}" for a in node.names)  # `from . import training`
-    return out
+    return frozenset(out)
 
 
 # -- the layers, low to high ------------------------------------------------------------------
