@@ -33,7 +33,8 @@ import numpy as np
 from tqdm import tqdm
 
 from efim_local.bench import util as bu
-from efim_local.bench.subtoken import CLASSES, Scorer, bootstrap, infill_job, l2r_job, sample_cursors
+from efim_local.bench.subtoken import CLASSES, bootstrap, infill_job, l2r_job, sample_cursors
+from efim_local.bench.subtoken_score import Scorer
 from efim_local.config import Config, ContextParams
 from efim_local.engine.engine import make_planner
 from efim_local.llama import Context, Model

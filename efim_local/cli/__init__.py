@@ -117,14 +117,15 @@ def request_options(fn):
     return fn
 
 
-def build_config(model, layout, fim_template, fim_family, n_ctx, threads, threads_batch, n_gpu_layers, main_gpu,
-                 offload_kqv, flash_attn, **extra):
-    """The config file's settings with the command line's on top (None: not given)."""
+# Command-line option names that differ from the config's field names.
+CONFIG_NAMES = {"n_ctx": "n_ctx_seq", "threads": "n_threads", "threads_batch": "n_threads_batch"}
+
+
+def build_config(**options):
+    """The config file's settings with the command line's on top (None: not given). ``options`` are
+    the model options (model_options) and any config field."""
     cfg = config_mod.load()
-    return cfg.with_overrides(model=model, layout=layout, fim_template=fim_template, fim_family=fim_family,
-                              n_ctx_seq=n_ctx, n_threads=threads, n_threads_batch=threads_batch,
-                              n_gpu_layers=n_gpu_layers,
-                              main_gpu=main_gpu, offload_kqv=offload_kqv, flash_attn=flash_attn, **extra)
+    return cfg.with_overrides(**{CONFIG_NAMES.get(k, k): v for k, v in options.items()})
 
 
 def pairs(d: dict) -> str:

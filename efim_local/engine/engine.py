@@ -142,7 +142,6 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    log = log
 
     # -- requests -------------------------------------------------------------------------
     def session(self, path: str) -> FileSession:

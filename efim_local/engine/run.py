@@ -7,6 +7,7 @@ runs one to its end (the library API, tests).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -20,6 +21,9 @@ from ..prompt.planner import Budget, Plan, line_start
 from ..request import CompletionRequest, Options
 from .completion import Completion, Timings, TokenCounts
 from .stream import StopRules
+
+log = logging.getLogger("efim.engine")
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -174,7 +178,7 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
         return plan
     session = engine.session(req.path)
     anchor = session.anchor
-    engine.log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,
+    log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,
                      len(plan.tokens))
     # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line never
     # tokenizes the file again.

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from efim_local.bench import subtoken as st
+from efim_local.bench import subtoken_score as sc
 from efim_local.config import Config, ContextParams
 from efim_local.engine.engine import Engine, make_planner
 from efim_local.engine.models import KIND_FIM, KIND_FRAGMENT, KIND_TEXT, default_model
@@ -48,7 +49,7 @@ def scorer(tiny_model):
     with Model(tiny_model) as m, Context(m, ContextParams(n_ctx_seq=64, n_slots=64, n_batch=2048,
                                                            kv_unified=True, n_threads=1)) as ctx:
         tmpl, planner = make_planner(m, Config(model=str(tiny_model)))
-        yield st.Scorer(m, ctx, tmpl.stop_tokens, max_new=8, capacity=600), planner
+        yield sc.Scorer(m, ctx, tmpl.stop_tokens, max_new=8, capacity=600), planner
 
 
 def test_paths_are_exactly_the_consistent_first_tokens(scorer):
@@ -56,7 +57,7 @@ def test_paths_are_exactly_the_consistent_first_tokens(scorer):
     v = s.vocab
     target = b"values.get(key"
     got = set()
-    for p in st.paths(v, target):
+    for p in sc.paths(v, target):
         got |= set(int(t) for t in p.first)
         if p.steps:  # the rest spells the target out, in the tokenizer's own tokens
             assert p.first_piece + b"".join(piece for _, piece in p.steps) == target
@@ -64,7 +65,7 @@ def test_paths_are_exactly_the_consistent_first_tokens(scorer):
     assert got == want
 
 
-def direct_logp(model: Model, prompt, path: st.Path, heal: bytes, vocab: st.Vocabulary) -> float:
+def direct_logp(model: Model, prompt, path: sc.Path, heal: bytes, vocab: sc.Vocabulary) -> float:
     """The same path's probability, one sequence, one token at a time, from a fresh context."""
     with Context(model, ContextParams(n_ctx_seq=512, n_slots=1, n_threads=1)) as ctx, Batch(512) as b:
         fed = [int(path.first[0]), *path.rest] if path.steps else []
@@ -91,18 +92,18 @@ def test_scores_equal_token_probabilities_computed_directly(scorer):
     (res,) = s.score([job])
     v = s.vocab
     # Unhealed: the sum over first tokens of the product of token probabilities, each path decoded alone.
-    u = np.logaddexp.reduce([direct_logp(s.model, job.prompt, p, b"", v) for p in st.paths(v, job.target)])
+    u = np.logaddexp.reduce([direct_logp(s.model, job.prompt, p, b"", v) for p in sc.paths(v, job.target)])
     assert res.bits_u == pytest.approx(-u / np.log(2), abs=2e-3)
     # Healed: the last typed token backed off, healing's constraint renormalising until it is spelled out,
     # summed over every tokenization consistent with the healed prefix.
     r = v.piece(job.prompt[job.cut])
     healed = job.prompt[:job.cut]
     assert res.healed and r
-    h = np.logaddexp.reduce([direct_logp(s.model, healed, p, r, v) for p in st.paths(v, r + job.target)])
+    h = np.logaddexp.reduce([direct_logp(s.model, healed, p, r, v) for p in sc.paths(v, r + job.target)])
     assert res.bits_h == pytest.approx(-h / np.log(2), abs=2e-3)
     # Oracle: P(r + target) / P(r), no constraint.
-    num = np.logaddexp.reduce([direct_logp(s.model, healed, p, b"", v) for p in st.paths(v, r + job.target)])
-    den = np.logaddexp.reduce([direct_logp(s.model, healed, p, b"", v) for p in st.paths(v, r)])
+    num = np.logaddexp.reduce([direct_logp(s.model, healed, p, b"", v) for p in sc.paths(v, r + job.target)])
+    den = np.logaddexp.reduce([direct_logp(s.model, healed, p, b"", v) for p in sc.paths(v, r)])
     assert res.bits_o == pytest.approx(-(num - den) / np.log(2), abs=2e-3)
     assert res.chars == len(job.target) == len("dle.read())")  # the rest of the line is shorter than 12
 
@@ -119,23 +120,23 @@ def test_batched_scores_do_not_depend_on_the_group(scorer):
 
 
 def test_greedy_exact_match_rules():
-    g = st._Greedy(0, 0, b"rea", b"d()", b"d")  # typed "rea|d()": healing backed off "rea"
+    g = sc._Greedy(0, 0, b"rea", b"d()", b"d")  # typed "rea|d()": healing backed off "rea"
     g.feed(b"re", False)  # a proper prefix of the backed-off text: nothing shown yet
     g.feed(b"ad(", False)
     assert g.text == b"d(" and not g.done
     g.feed(b")\n", False)
     assert g.done and g.exact() == (True, True)
-    g = st._Greedy(0, 0, b"", b"d()", b"d")
+    g = sc._Greedy(0, 0, b"", b"d()", b"d")
     g.feed(b"d)", False)
     assert g.done and g.exact() == (True, False)  # the word ended right, the line did not
-    g = st._Greedy(0, 0, b"", b"d()", b"d")
+    g = sc._Greedy(0, 0, b"", b"d()", b"d")
     for piece in (b"d", b"()", b"\n"):
         g.feed(piece, False)
     assert g.exact() == (True, True)
-    g = st._Greedy(0, 0, b"", b"d()", b"d")
+    g = sc._Greedy(0, 0, b"", b"d()", b"d")
     g.feed(b"dx", False)
     assert g.done and g.exact() == (False, False)  # the word goes on: not the word's end
-    g = st._Greedy(0, 0, b"", b"d", b"d")
+    g = sc._Greedy(0, 0, b"", b"d", b"d")
     g.feed(b"d", False)
     g.feed(b"", True)
     assert g.exact() == (True, True)  # end of generation right after the line

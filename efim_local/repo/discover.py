@@ -1,0 +1,141 @@
+"""Which files of a project to read: git's view when the root is in a git work tree (tracked and
+untracked files, ``.gitignore`` respected), otherwise a bounded walk. Every limit is a hard bound: files,
+bytes per file, total bytes, seconds. Nothing outside the root is read, whatever symlinks say.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Never walked in the fallback (vendored code, environments, caches, VCS data).
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
+                       ".pytest_cache", ".ruff_cache", ".tox", "dist", "build", "target", ".idea", ".vscode"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_files: int = 2000
+    max_file_bytes: int = 200_000
+    max_total_bytes: int = 8_000_000
+    max_seconds: float = 2.0
+    max_walk_entries: int = 50_000  # directory entries the fallback walk may look at
+
+
+@dataclass
+class Discovery:
+    """The files found (relative posix paths, sorted) and what was left out, by reason."""
+
+    root: Path
+    files: list[str]
+    sizes: dict[str, int]
+    skipped: dict[str, int] = field(default_factory=dict)
+    source: str = "git"  # "git" or "walk"
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+def git_files(root: Path, timeout: float) -> list[str] | None:
+    """``git ls-files -co --exclude-standard`` under ``root`` (paths relative to it), or None when the
+    root is not in a git work tree or git is missing."""
+    try:
+        r = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard"],
+                           capture_output=True, timeout=max(timeout, 0.1), check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    return [p for p in r.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def _ignore_patterns(root: Path) -> list[str]:
+    """The root .gitignore's simple patterns (the fallback's approximation of git's rules)."""
+    try:
+        lines = (root / ".gitignore").read_text("utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln.strip().rstrip("/") for ln in lines if ln.strip() and not ln.startswith(("#", "!"))]
+
+
+def _ignored(rel: str, patterns: list[str]) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    for pat in patterns:
+        p = pat.lstrip("/")
+        if fnmatch.fnmatch(rel, p) or ("/" not in pat and fnmatch.fnmatch(name, p)):
+            return True
+    return False
+
+
+def walk_files(root: Path, limits: Limits, deadline: float) -> list[str]:
+    """A sorted, bounded walk that never descends into symlinked directories or SKIP_DIRS."""
+    patterns = _ignore_patterns(root)
+    out: list[str] = []
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")
+                             and not _ignored(rel_dir + d, patterns))
+        for name in sorted(filenames):
+            seen += 1
+            if not _ignored(rel_dir + name, patterns):
+                out.append(rel_dir + name)
+        if seen > limits.max_walk_entries or time.monotonic() > deadline:
+            break
+    return sorted(out)
+
+
+def inside(root_real: str, path: str) -> bool:
+    """``path`` (resolved) is ``root_real`` or under it."""
+    real = os.path.realpath(path)
+    return real == root_real or real.startswith(root_real + os.sep)
+
+
+def discover(root: str | os.PathLike, limits: Limits = Limits(), suffixes: tuple[str, ...] | None = None) -> Discovery:
+    """The project's files under ``root`` with a known suffix, within ``limits`` (deterministic: sorted
+    paths; when a limit is hit the files after it in that order are left out)."""
+    start = time.monotonic()
+    deadline = start + limits.max_seconds
+    root = Path(root)
+    root_real = os.path.realpath(root)
+    listed = git_files(root, limits.max_seconds)
+    found = Discovery(root, [], {}, source="git" if listed is not None else "walk")
+    if listed is None:
+        listed = walk_files(root, limits, deadline)
+    total = 0
+    for rel in sorted(set(listed)):
+        if suffixes is not None and not rel.lower().endswith(suffixes):
+            continue
+        if time.monotonic() > deadline:
+            found.skip("time")
+            continue
+        if len(found.files) >= limits.max_files:
+            found.skip("max_files")
+            continue
+        full = os.path.join(root_real, rel)
+        try:
+            st = os.stat(full)  # follows a symlink: its target is checked below
+        except OSError:
+            found.skip("missing")  # listed by git, deleted in the work tree
+            continue
+        if not inside(root_real, full):
+            found.skip("outside_root")
+            continue
+        if not os.path.isfile(full):
+            found.skip("not_a_file")
+            continue
+        if st.st_size > limits.max_file_bytes:
+            found.skip("max_file_bytes")
+            continue
+        if total + st.st_size > limits.max_total_bytes:
+            found.skip("max_total_bytes")
+            continue
+        total += st.st_size
+        found.files.append(rel)
+        found.sizes[rel] = st.st_size
+    return found
