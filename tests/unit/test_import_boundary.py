@@ -70,7 +70,7 @@ LAYERS = (
     ("llama",),  # llama.cpp handles, GGUF metadata keys
     ("training",),  # writes GGUF files for llama.cpp: knows llama's metadata keys, nothing that serves
     ("prompt",),  # documents, templates, the planner, token healing
-    ("kv",),  # the KV state store
+    ("kv", "repo"),  # the KV state store; repository context (other files' tiers before this one)
     ("engine",),  # the scheduler, runs, slots, reuse, models
     ("api", "catalog"),  # the library API; the model catalog
     ("daemon",),  # the socket, framing, dispatch, handlers, starting a daemon
