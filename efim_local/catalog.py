@@ -156,7 +156,8 @@ def pull(spec: str, progress: bool = True) -> dict:
 def check(path: str | Path) -> dict:
     """A model file's facts from its GGUF metadata, without loading it: architecture, FIM tokens,
     fragment training, and the layout efim would pick. ModelError if it is not a GGUF."""
-    from .engine.models import KEY_FRAGMENT, KEY_LAYOUT, choose_layout
+    from .engine.models import choose_layout
+    from .llama.meta import KEY_FRAGMENT, KEY_LAYOUT
 
     path = Path(path)
     try:

@@ -39,6 +39,17 @@ def efim_cli(*args, input=None, env=None) -> subprocess.CompletedProcess:
                           capture_output=True, env=e, cwd=ROOT, timeout=120)
 
 
+def wait_until(condition, timeout: float = 30.0, what: str = "", every: float = 0.02):
+    """Poll ``condition()`` until it returns something true, and return that: tests wait on what they
+    need, never for a guessed time. After ``timeout`` seconds the test fails, saying ``what``."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what or condition}")
+        time.sleep(every)
+    return value
+
+
 # -- source texts -----------------------------------------------------------------------------
 @cache
 def sources() -> tuple[str, ...]:

@@ -2,6 +2,9 @@
 
 - :class:`EfimEditor`: efim's daemon with synced documents, cursor notifications and cancels.
 - :class:`InfillEditor`: llama-server ``/infill`` the way llama.vim calls it.
+
+Both take the events and requests that the paced replay (paced.py) makes of a trace: :class:`Step`
+and :class:`Fired`, defined here so that the replay imports the editors and not the other way round.
 """
 
 from __future__ import annotations
@@ -12,10 +15,30 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # paced.py imports this module
-    from .paced import Fired, Step
+
+@dataclass
+class Step:
+    """The document after one editor event at time ``t`` (seconds from the start)."""
+
+    t: float
+    path: str
+    kind: str  # open | jump | key | over (typed over an auto-inserted closer) | cleanup
+    doc: str
+    cursor: int
+    change: tuple[int, int, str] | None = None  # (start, end, text) in the previous document
+
+
+@dataclass
+class Fired:
+    """A completion request the editor fired at step ``step``."""
+
+    step: int
+    t: float  # scheduled time
+    path: str
+    doc: str
+    cursor: int
+    next_key_t: float  # when the user types on: an answer after this is stale
 
 
 def _position(doc: str, offset: int) -> dict:

@@ -33,7 +33,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import util as bu
-from .editors import EfimEditor, InfillEditor, Outcome
+from .editors import EfimEditor, Fired, InfillEditor, Outcome, Step
 from .trace import Commit
 
 PAIRS = {"(": ")", "[": "]", "{": "}", '"': '"', "'": "'"}
@@ -49,18 +49,6 @@ class Pacing:
     debounce_s: float = 0.15  # the Neovim plugin's default
     auto_pairs: bool = True
     seed: int = 0
-
-
-@dataclass
-class Step:
-    """The document after one editor event at time ``t`` (seconds from the start)."""
-
-    t: float
-    path: str
-    kind: str  # open | jump | key | over (typed over an auto-inserted closer) | cleanup
-    doc: str
-    cursor: int
-    change: tuple[int, int, str] | None = None  # (start, end, text) in the previous document
 
 
 def steps(commits: list[Commit], pacing: Pacing = Pacing()) -> list[Step]:
@@ -114,18 +102,6 @@ def steps(commits: list[Commit], pacing: Pacing = Pacing()) -> list[Step]:
             shift += cur - pos - (starts[i2] - starts[i1])
         assert doc == c.after, "the paced replay must end on the commit's text"
     return out
-
-
-@dataclass
-class Fired:
-    """A completion request the editor fired at step ``step``."""
-
-    step: int
-    t: float  # scheduled time
-    path: str
-    doc: str
-    cursor: int
-    next_key_t: float  # when the user types on: an answer after this is stale
 
 
 def requests(trace_steps: list[Step], pacing: Pacing = Pacing(), limit: int | None = None) -> list[Fired]:

@@ -6,12 +6,9 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import ModelError
+from ..llama.meta import KEY_FRAGMENT, KEY_LAYOUT
 
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "efim-default.gguf"
-
-# GGUF metadata keys this project writes into the models it trains (training/gguf_llama.py).
-KEY_FRAGMENT = "efim.fragment_trained"  # "true": trained with fragment tokenization
-KEY_LAYOUT = "efim.layout"  # the prompt layout the model was trained for
 
 
 def default_model() -> Path:

@@ -5,11 +5,19 @@ handle classes (one per llama.cpp object, freed deterministically) → the
 engine (``efim_local.engine``).
 """
 
-from .errors import BackendError, DecodeError, ModelError, NoKvSlot
-from .model import Model
-from .context import Context, ContextParams
-from .batch import Batch
-from .sampler import Sampler, SamplerParams
+import importlib
 
-__all__ = ["BackendError", "DecodeError", "ModelError", "NoKvSlot", "Model", "Context", "ContextParams",
-           "Batch", "Sampler", "SamplerParams"]
+from .errors import BackendError, DecodeError, ModelError, NoKvSlot
+
+_LAZY = {"Model": "model", "Context": "context", "ContextParams": "context", "Batch": "batch",
+         "Sampler": "sampler", "SamplerParams": "sampler"}
+
+__all__ = ["BackendError", "DecodeError", "ModelError", "NoKvSlot", *_LAZY]
+
+
+def __getattr__(name: str):
+    # Lazy: the errors and the GGUF metadata keys (meta.py) are needed by commands that never load
+    # llama.cpp (fast CLI start-up); the handle classes load it.
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

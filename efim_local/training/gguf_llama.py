@@ -12,9 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .bpe import EOT, FILE_SEP, FIM_MID, FIM_PAD, FIM_PRE, FIM_SUF, BpeVocab
-
-# Metadata keys of our own (namespaced so other tools ignore them).
-from ..engine.models import KEY_FRAGMENT, KEY_LAYOUT  # the keys the engine reads
+from ..llama.meta import KEY_FRAGMENT, KEY_LAYOUT  # the keys the engine reads
 
 
 @dataclass(frozen=True)

@@ -699,11 +699,14 @@ def test_entering_a_file_and_moving_the_cursor_prefill_it(nv, relay, daemon, tmp
         nv.api.command("doautocmd CursorMoved")  # headless Neovim fires no cursor events by itself
         assert wait_for(lambda: relay.methods("cursor"))
         assert relay.methods("cursor")[-1]["params"] == {"path": str(src), "position": {"line": 200, "character": 4}}
+        # A request sent after the notification on the editor's connection: its answer means the daemon
+        # handled the cursor (a connection's messages are handled in order) and queued the prefill.
+        answered = nv.lua('local r, e = require("efim.rpc").call_sync("status", vim.empty_dict(), 30000) '
+                          'return {r ~= nil, e}')
+        assert answered[0], answered
         # (Idle prefill of ~2000 tokens: seconds when other test runs load the machine.)
         assert wait_for(lambda: c.call("status")["idle_tasks"] == 0 and any(
             s["path"] == str(src) and s["tokens"] > 500 for s in c.call("status")["slots"]), timeout=90)
-        time.sleep(0.3)
-        assert wait_for(lambda: c.call("status")["idle_tasks"] == 0, timeout=90)
         out = c.call("complete", {"path": str(src), "position": {"line": 200, "character": 4}, "max_tokens": 2})
     assert out["reanchor"] is None and out["cache_tier"] == "slot" and out["tokens"]["evaluated"] <= 2, out
 

@@ -76,24 +76,36 @@ def test_slots_keep_files_apart(tiny_model):
         assert all(o.tokens.evaluated == 1 for o in again)
 
 
-def test_stop_rules(engine):
+def test_max_tokens_stops(engine):
     doc = SOURCES[7][:800]
     out = engine.complete(CompletionRequest(doc, 400, path="s.py", max_tokens=3))
     assert out.stop_reason == "max_tokens" and out.tokens.generated == 3
-    out = engine.complete(CompletionRequest(doc, 400, path="s.py", max_tokens=64, stop_at_newline=True))
-    assert "\n" not in out.text.strip("\n") and out.stop_reason in ("newline", "eog", "max_tokens")
-    out = engine.complete(CompletionRequest(doc, 400, path="s.py", max_tokens=64, max_lines=2))
-    assert out.text.strip("\r\n").count("\n") <= 1
+
+
+def test_line_rules_cut_the_same_tokens_at_a_line_end(tiny_model):
+    """At temperature 0 a request with a line rule gets the text of the same request without one, cut
+    at the end of its first (or n-th) line: a rule that did nothing returns all the lines (and stops at
+    max_tokens), one that cut elsewhere leaves no newline next."""
+    doc, cur = SOURCES[6][:800], 400  # the tiny llama model writes lines here (the sliding-window one nowhere)
+    with Engine(small_config(), tiny_model) as e:
+        ask = lambda **rule: e.complete(CompletionRequest(doc, cur, path="l.py", max_tokens=64, ignore_eog=True,
+                                                          **rule))
+        free = ask().text
+        assert free.strip().count("\n") >= 2  # (the checks below mean something)
+        for rule, reason, lines in ((dict(stop_at_newline=True), "newline", 1), (dict(max_lines=2), "max_lines", 2)):
+            out = ask(**rule)
+            assert out.stop_reason == reason
+            assert free.startswith(out.text) and free[len(out.text)] == "\n"
+            assert out.text.strip("\r\n").count("\n") == lines - 1
 
 
 def test_sampling_is_seeded(tiny_model):
-    engine = Engine(small_config(), tiny_model)
-    doc = SOURCES[8][:800]
-    r = lambda seed: engine.complete(CompletionRequest(doc, 300, path="t.py", temperature=0.9, top_k=40,
-                                                       top_p=0.9, seed=seed, max_tokens=12)).token_ids
-    assert r(1) == r(1)
-    assert any(r(1) != r(s) for s in (2, 3, 4))
-    engine.close()
+    with Engine(small_config(), tiny_model) as engine:
+        doc = SOURCES[8][:800]
+        r = lambda seed: engine.complete(CompletionRequest(doc, 300, path="t.py", temperature=0.9, top_k=40,
+                                                           top_p=0.9, seed=seed, max_tokens=12)).token_ids
+        assert r(1) == r(1)
+        assert any(r(1) != r(s) for s in (2, 3, 4))
 
 
 # -- exactness: reused KV gives the tokens of a cold run ------------------------------------------

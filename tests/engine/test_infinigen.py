@@ -226,7 +226,10 @@ def test_disk_pressure_shrinks_long_states_before_evicting(calibrated, tmp_path,
         assert rows["a.py"]["kept"] == 0.3 and rows["a.py"]["bytes"] < 0.5 * row_a["bytes"]
         assert sum(r["bytes"] for r in rows.values()) <= tight.disk_mb * (1 << 20)
         toks = np.asarray(e.plan(a).tokens, np.int32)
-        assert e.store.lookup(toks, "a.py").match is None or e.store.lookup(toks, "a.py").match.id != row_a["id"]
+        # The shrunk state keeps its id and serves sparse restores only: an exact lookup misses it.
+        assert e.store.lookup(toks, "a.py").match is None
+        shrunk = e.store.lookup(toks, "a.py", shrunk=True).match
+        assert shrunk.id == row_a["id"] and shrunk.kept == 0.3 and shrunk.n == len(shrunk.tokens) > 64
         for s in e.slots.slots:
             e.ctx.seq_rm(s.seq, 0, -1)
             s.reset()

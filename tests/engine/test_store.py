@@ -233,5 +233,5 @@ def test_store_dir_permissions(tmp_path, tiny_model):
     _one_saved_state(tiny_model, d)
     assert oct(d.stat().st_mode & 0o777) == "0o700"
     assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in (d / "states").iterdir())
-    # File names are hashes, never user paths.
-    assert all(len(p.stem) == 32 and int(p.stem, 16) >= 0 for p in (d / "states").iterdir())
+    # File names are hashes (32 lowercase hex digits), never user paths: the one state file's.
+    assert [len(p.stem) == 32 and set(p.stem) <= set("0123456789abcdef") for p in (d / "states").iterdir()] == [True]

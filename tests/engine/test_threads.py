@@ -12,10 +12,10 @@ from efim_local.engine import CompletionRequest, Engine
 from efim_local.request import Options
 from efim_local.engine.cpu import FreeCores
 
-from tests.helpers import small_config
+from tests.helpers import small_config, wait_until
 
 CORES = len(os.sched_getaffinity(0))
-SPIN = [sys.executable, "-c", "import time\nt = time.time() + 30\nwhile time.time() < t: pass"]
+SPIN = [sys.executable, "-c", "import time\nt = time.time() + 30\nprint(flush=True)\nwhile time.time() < t: pass"]
 
 
 def _spin(until: float) -> None:
@@ -30,11 +30,12 @@ def _window(cores: FreeCores, seconds: float = 0.8) -> int:
 
 @pytest.fixture
 def spinner():
-    p = subprocess.Popen(SPIN)
-    time.sleep(0.3)  # it is running
+    p = subprocess.Popen(SPIN, stdout=subprocess.PIPE)
+    p.stdout.readline()  # it printed a line: it spins from now on
     yield p
     p.kill()
     p.wait()
+    p.stdout.close()
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs two cores")
@@ -59,7 +60,7 @@ def test_the_engine_follows_the_free_cores(tiny_model, spinner):
     with Engine(small_config(n_threads=0, n_threads_batch=0), tiny_model) as e:
         e.cores.every = 0.3
         assert e.status()["threads_auto"]
-        time.sleep(0.5)
+        wait_until(lambda: e.cores.sample() < CORES, 10, "the engine to see the spinner take a core")
         e.complete(CompletionRequest("def f(x):\n    return ", 21, path="t.py", max_tokens=2))
         st = e.status()
         assert st["cores_free"] <= CORES - 1 and (st["threads"], st["threads_batch"]) == (st["cores_free"],) * 2

@@ -45,3 +45,28 @@ def test_request_stats():
 def test_percentile_is_nearest_rank():
     xs = [float(i) for i in range(1, 7)]  # 6 values: the 50th percentile is the 3rd
     assert [logs.percentile(xs, q) for q in (50, 95, 100, 1)] == [3.0, 6.0, 6.0, 1.0]
+
+
+def test_log_file_rotates_and_is_private(tmp_path, monkeypatch):
+    """The daemon's log handler: rotated by size, files 0600, never through a symbolic link."""
+    import logging
+    import os
+
+    from efim_local.daemon import logs
+    from efim_local.errors import ConfigError
+
+    monkeypatch.setattr(logs, "MAX_BYTES", 2000)
+    path = tmp_path / "daemon.log"
+    h = logs.PrivateRotatingFileHandler(path)
+    rec = logging.LogRecord("efim.daemon", logging.INFO, __file__, 1, "x" * 100, None, None)
+    for _ in range(60):
+        h.emit(rec)
+    h.close()
+    assert (tmp_path / "daemon.log.1").exists() and path.stat().st_size <= 2000
+    assert {oct(p.stat().st_mode & 0o777) for p in tmp_path.glob("daemon.log*")} == {"0o600"}
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    link = tmp_path / "linked.log"
+    os.symlink(target, link)
+    with pytest.raises(ConfigError):
+        logs.PrivateRotatingFileHandler(link)

@@ -1,9 +1,13 @@
 """Watched roots cost inotify watches (issue 27 item 11): / and the home directory are refused, and
-so is a root with too many directories; the total over named roots stays bounded."""
+so is a root with too many directories; the total over named roots stays bounded. Links out of a
+root and special files are never watched (issue 17)."""
 
+import os
+import time
 from pathlib import Path
 
 from efim_local.daemon import watcher as W
+from efim_local.daemon.watcher import Watcher, interesting
 
 
 def test_wide_roots_are_refused_before_anything_is_watched(tmp_path, monkeypatch):
@@ -40,3 +44,32 @@ def test_roots_named_by_editors_share_a_budget_of_directories(tmp_path, monkeypa
         assert w.roots() == [str(tmp_path / "b"), str(tmp_path / "c")]  # the oldest made room
     finally:
         w.stop()
+
+
+# -- links, special files, least recently named roots (issue 17 items 14, 19) ----------------------
+def test_watcher_ignores_links_out_of_the_root_and_special_files(tmp_path):
+    root, outside = tmp_path / "ws", tmp_path / "secret"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "key.py").write_text("secret = 1\n")
+    (root / "mine.py").write_text("x = 1\n")
+    (root / "out.py").symlink_to(outside / "key.py")
+    (root / "in.py").symlink_to(root / "mine.py")
+    os.mkfifo(root / "pipe.py")
+    r = str(root.resolve())
+    assert interesting(str(root / "mine.py"), r) and interesting(str(root / "in.py"), r)
+    assert not interesting(str(root / "out.py"), r)
+    t0 = time.monotonic()
+    assert not interesting(str(root / "pipe.py"), r) and time.monotonic() - t0 < 1  # never blocks
+
+
+def test_watched_roots_are_bounded_least_recently_named_first(tmp_path):
+    w = Watcher(lambda p: None, [str(tmp_path)], limit=3)
+    for k in range(6):
+        (tmp_path / f"r{k}").mkdir()
+        w.watch(str(tmp_path / f"r{k}"))
+    w.watch(str(tmp_path / "r3"))  # named again: the most recent
+    (tmp_path / "r6").mkdir()
+    w.watch(str(tmp_path / "r6"))
+    names = {os.path.basename(r) for r in w.roots()}
+    assert names == {tmp_path.name, "r3", "r5", "r6"}  # the --watch root is never dropped
