@@ -144,10 +144,7 @@ def test_the_architecture_doc_draws_the_layers():
 
 # -- no two modules import each other -----------------------------------------------------------
 # (A package's __init__ and its own modules do: the __init__ re-exports them, they import its names.)
-KNOWN_MUTUAL = {
-    # StateStore's tiers are a mixin today; the store branch composes them (issue 22, item 4).
-    ("efim_local.kv.store", "efim_local.kv.tiers"),
-}
+KNOWN_MUTUAL: set[tuple[str, str]] = set()
 
 
 def mutual_imports(root: Path = PACKAGE) -> set[tuple[str, str]]:
