@@ -116,8 +116,8 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     try:
         out = yield from run_steps(engine, tokens, req.how, ro)
     except Cancelled as e:
-        if isinstance(e.data, dict):  # cancelled while generating: say what it answered from
-            e.data.update(context=context, reanchor=plan.reanchor)
+        # Say what it planned (benchmarks score it), and how far it got if it was generating.
+        e.data = {**(e.data if isinstance(e.data, dict) else {}), "context": context, "reanchor": plan.reanchor}
         raise
     out.timings.plan_ms = plan_ms
     out.layout = plan.layout
@@ -151,7 +151,8 @@ def context_report(plan: Plan) -> dict:
     latency budget, the share of it used, and whether the budget reduced it."""
     used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
     full = max(plan.full_context, used)
-    return {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens), "tokens": used,
+    return {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
+            "middle_tokens": len(plan.middle_tokens), "tokens": used,
             "full_tokens": full, "share": round(used / full, 3) if full else 1.0, "reduced": plan.reduced}
 
 
