@@ -167,6 +167,7 @@ class Call:
         self.finished = False  # the last event was pushed
         self.closed = False
         self.stream: EventStream | None = None
+        self.delivered = ""  # text already pushed: a replica that takes over skips it
 
     def take(self) -> list:
         """The events that came since the last take."""
@@ -197,13 +198,12 @@ class Call:
             return True
 
     def run(self) -> None:
-        delivered = ""  # text already pushed: a replica that takes over skips it
         errors = []
         for m in self.pool.order(self.key):
             if self.closed:
                 return
             try:
-                delivered = self._run_on(m, delivered)
+                self._run_on(m)
                 return
             except ReplicaError as e:
                 if self.closed:
@@ -213,8 +213,8 @@ class Call:
                 self._push("failover", {"url": m.replica.url, "reason": e.reason})
         self._push("error", BackendError("every backend failed (" + "; ".join(errors) + ")"))
 
-    def _run_on(self, m: Member, delivered: str) -> str:
-        """Stream the completion from one replica; returns the text delivered."""
+    def _run_on(self, m: Member) -> None:
+        """Stream the completion from one replica (ReplicaError if it fails)."""
         slot, expected = self.pool._pin(m, self.key, self.tokens)
         path, body, headers = self.pool.driver.request(self.tokens, self.sampling, slot, self.key)
         stream = m.replica.stream(path, body, headers)
@@ -222,9 +222,9 @@ class Call:
             self.stream = stream
             if self.closed:
                 stream.close()
-                return delivered
+                return
         self._push("replica", {"url": m.replica.url, "slot": slot, "expected_cached": expected})
-        skip, last = delivered, Chunk(final=True)
+        skip, last = self.delivered, Chunk(final=True)
         for msg in stream:
             c = self.pool.driver.parse(msg)
             if skip and c.text:  # a replica that took over: the text the editor has is not sent again
@@ -234,10 +234,10 @@ class Call:
                     c = Chunk(final=True, stop="failover")
                     break
                 skip, c.text = skip[n:], c.text[n:]
-            delivered += c.text
+            self.delivered += c.text
             if not self._push("chunk", c):
                 stream.close()
-                return delivered
+                return
             last = c
             if c.final:
                 break
@@ -246,7 +246,6 @@ class Call:
         self._push("end", {"cached": last.cached, "evaluated": last.evaluated, "generated": last.generated,
                            "stop": last.stop})
         stream.close()
-        return delivered
 
 
 def _common(a: str, b: str) -> str:

@@ -36,7 +36,7 @@ class Replica:
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname, parts.port or (443 if self.https else 80)
         self.base = parts.path.rstrip("/")
-        self._key = api_key or None
+        self._key = api_key[:] if api_key else None  # [:]: the plain string of a config.Secret
 
     def __repr__(self) -> str:
         return f"Replica({self.url!r})"
