@@ -224,7 +224,7 @@ class Call:
                 stream.close()
                 return
         self._push("replica", {"url": m.replica.url, "slot": slot, "expected_cached": expected})
-        skip, last = self.delivered, Chunk(final=True)
+        skip, last, stop = self.delivered, Chunk(final=True), None
         for msg in stream:
             c = self.pool.driver.parse(msg)
             if skip and c.text:  # a replica that took over: the text the editor has is not sent again
@@ -238,13 +238,13 @@ class Call:
             if not self._push("chunk", c):
                 stream.close()
                 return
-            last = c
+            last, stop = c, c.stop or stop  # an OpenAI stream says why before its usage
             if c.final:
                 break
         miss = last.cached is not None and last.cached < expected
         self.pool._ok(m, slot, self.tokens, miss)
         self._push("end", {"cached": last.cached, "evaluated": last.evaluated, "generated": last.generated,
-                           "stop": last.stop})
+                           "stop": stop})
         stream.close()
 
 
