@@ -177,6 +177,11 @@ class Call:
             self.pool.unread -= len(out)
             return out
 
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until this call has an event to take (or has ended), at most ``timeout`` seconds."""
+        with self.pool.cond:
+            self.pool.cond.wait_for(lambda: self.events or self.finished or self.closed, timeout)
+
     def close(self) -> None:
         """Cancel: close the connection (the server stops generating); events still queued are dropped."""
         with self.pool.cond:
