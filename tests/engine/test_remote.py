@@ -153,3 +153,13 @@ def test_every_replica_down_falls_back_to_the_local_model(binary, tiny_model):
         assert engine.complete(req).text == want
     with RemoteEngine(cfg, tiny_model) as remote, pytest.raises(BackendError, match="every backend failed"):
         remote.complete(req)
+
+
+def test_idle_prefill_warms_the_replicas_slot(replicas, tiny_model):
+    """A document opened, the cursor resting: the plan goes out with n_predict = 0, and the first
+    keystroke finds it in the server's cache."""
+    cur = len(SRC) // 3
+    with RemoteEngine(remote_config(replicas), tiny_model) as remote:
+        remote.prefill("/repo/warm.py", SRC, cur)
+        c = remote.complete(CompletionRequest(SRC, cur, path="/repo/warm.py"))
+    assert c.tokens.cached == c.tokens.prompt - 1 and c.remote["miss"] is None
