@@ -53,7 +53,7 @@ for layout in layouts:
                                 text=True, check=True).stdout.split()[-1]
         server = LlamaServer(Path(binary), model, 4608, args.threads, parallel=args.users)
     try:
-        pool = Pool([args.url or server.url], args.api, args.api_key, args.server_model)
+        pool = Pool([args.url or server.url], args.api, args.api_key, args.server_model, read_timeout=3600)
         res = results[layout] = team.run_layout(pool, prompts, args.max_tokens)
     finally:
         if server is not None:

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import BackendError
 from ..kv.prefix import common_prefix
 from .drivers import DRIVERS, Chunk, OpenAI, Sampling
-from .wire import EventStream, Replica, ReplicaError
+from .wire import READ_TIMEOUT, EventStream, Replica, ReplicaError
 
 VNODES = 64  # ring points per replica: files spread evenly, and a lost replica moves only its own
 DOWN_MIN, DOWN_MAX = 2.0, 30.0  # seconds a failed replica is skipped, doubling while it keeps failing
@@ -95,12 +95,14 @@ class Pool:
     """Several replicas of one model behind one driver (thread-safe)."""
 
     def __init__(self, urls: list[str], driver: str = "llama-server", api_key: str | None = None,
-                 model: str = "default"):
+                 model: str = "default", read_timeout: float = READ_TIMEOUT):
+        """``read_timeout``: seconds a stream may stay silent (a queued request's wait counts)."""
         if not urls:
             raise BackendError("no backend URL given")
         self.driver = DRIVERS[driver]() if driver != "openai" else OpenAI(model)
         self.members = [Member(Replica(u, api_key)) for u in urls]
         self.ring = Ring([m.replica.url for m in self.members])
+        self.read_timeout = read_timeout
         self.cond = threading.Condition()
         self.unread = 0  # events queued in calls that nobody took yet
 
@@ -222,7 +224,7 @@ class Call:
         """Stream the completion from one replica (ReplicaError if it fails)."""
         slot, expected = self.pool._pin(m, self.key, self.tokens)
         path, body, headers = self.pool.driver.request(self.tokens, self.sampling, slot, self.key)
-        stream = m.replica.stream(path, body, headers)
+        stream = m.replica.stream(path, body, headers, self.pool.read_timeout)
         with self.pool.cond:
             self.stream = stream
             if self.closed:

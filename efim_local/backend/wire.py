@@ -68,12 +68,13 @@ class Replica:
         finally:
             conn.close()
 
-    def stream(self, path: str, body: dict, headers: dict | None = None) -> "EventStream":
+    def stream(self, path: str, body: dict, headers: dict | None = None,
+               read_timeout: float = READ_TIMEOUT) -> "EventStream":
         """POST ``body`` and open its event stream (ReplicaError if it cannot be opened)."""
         conn = self.connect()
         try:
             conn.request("POST", self.base + path, json.dumps(body), self.headers(headers))
-            conn.sock.settimeout(READ_TIMEOUT)
+            conn.sock.settimeout(read_timeout)
             resp = conn.getresponse()
             if resp.status != 200:
                 detail = resp.read(300).decode("utf-8", "replace").strip()
