@@ -63,9 +63,11 @@ run: setup
 	$(VENV)/bin/efim complete examples/fib.py --line 5 --column 9 --max-tokens 24
 
 # All three tiers (tests/unit, tests/engine, tests/e2e); see tests/conftest.py.
+# llama-server is built once per llama.cpp version into ~/.cache/efim/llama-server/<version>/
+# (native/cached_server.sh): the remote-backend tests start real ones; they skip if it cannot be built.
 test: setup nvim vscode
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	EFIM_LLAMA_SERVER="$$(PY=$(PY) bash native/cached_server.sh || true)" $(PY) -m pytest -q
 
 # The unit tier alone: no model, no llama.cpp decode, no daemon; a few seconds.
 test-fast: setup

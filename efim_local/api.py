@@ -13,4 +13,8 @@ __all__ = ["open_engine", "Engine", "Completion", "CompletionRequest", "Config"]
 def open_engine(cfg: Config | None = None) -> Engine:
     """Load the configured (or default) model and return an Engine; use it as a context manager."""
     cfg = cfg or load()
+    if cfg.backend:  # replicas run the prompts (docs/team.md)
+        from .engine.remote import open_remote
+
+        return open_remote(cfg, resolve_model(cfg), store=store_config(cfg) if cfg.local_fallback else None)
     return Engine(cfg, resolve_model(cfg), store=store_config(cfg))

@@ -11,6 +11,7 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .errors import ConfigError, InvalidParams
 from .request import Options, check
@@ -39,7 +40,44 @@ RULES = {name: Options.rule(name) for name in REQUEST_DEFAULTS} | {
     "disk_mb": _rule(float, 0, 1 << 30), "min_state_tokens": _rule(int, 0, 1 << 21),
     "sparse_budget": _rule(float, 0, 1), "sparse_min_tokens": _rule(int, 0, 1 << 21),
     "sparse_alpha": _rule(float, 0, 1000), "sparse_shrink_to": _rule(float, 0, 1),
+    "backend_api": _rule(str, choices=("llama-server", "openai")), "backend_model": _rule(str),
+    "api_key": _rule(str), "local_fallback": _rule(bool),
 }
+
+
+class Secret(str):
+    """A string that prints as ``***`` (str(), repr(), f-strings), so an API key in a config never
+    reaches a log line or a benchmark's saved settings; JSON still carries its value."""
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+    __str__ = __format__ = lambda self, *_: "***"
+
+
+def check_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host and no credentials in it (ConfigError if not)."""
+    if not isinstance(url, str):
+        raise ConfigError(f"backend URL must be a string, not {url!r}")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"backend URL must be http://host[:port] or https://..., not {url!r}")
+    if parts.username or parts.password:
+        raise ConfigError("backend URL must not hold credentials: set api_key or EFIM_API_KEY")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ConfigError(f"backend URL has a bad port: {url!r}") from None
+    return url.strip().rstrip("/")
+
+
+def _backends(v) -> tuple[str, ...]:
+    """``backend``: a list of URLs (TOML), or one string of comma-separated URLs (the command line)."""
+    if isinstance(v, str):
+        v = [u for u in v.split(",") if u.strip()]
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(f"'backend' must be a list of URLs, not {v!r}")
+    return tuple(check_url(u) for u in v)
 
 
 def _validate(obj) -> None:
@@ -127,11 +165,21 @@ class Config:
     sparse_min_tokens: int = 4096
     sparse_alpha: float = 4.0
     sparse_shrink_to: float = 0.0  # disk pressure: shrink long states to this fraction before evicting
+    # Remote backends (docs/team.md): replicas that run the token prompts; the model above is then
+    # loaded for its vocabulary only, unless local_fallback keeps it whole to answer when they fail.
+    backend: tuple[str, ...] = ()  # http(s) URLs; one file's requests go to one of them
+    backend_api: str = "llama-server"  # "llama-server" (/completion) | "openai" (/v1/completions: vLLM, SGLang)
+    backend_model: str = "default"  # the model name an OpenAI-compatible server wants
+    api_key: str | None = None  # sent as a Bearer token; EFIM_API_KEY overrides it; never printed
+    local_fallback: bool = False
 
     def __post_init__(self):
         if not isinstance(self.context, ContextParams):
             raise ConfigError("'context' must be a table of context settings")
         _validate(self)
+        object.__setattr__(self, "backend", _backends(self.backend))
+        if self.api_key is not None:
+            object.__setattr__(self, "api_key", Secret(self.api_key))
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -193,3 +193,22 @@ def fill_disk(path: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+def llama_server_binary() -> Path | str:
+    """llama-server built from the pinned llama.cpp (``native/cached_server.sh``, which ``make test``
+    runs): ``EFIM_LLAMA_SERVER``, the version-keyed cache, or a fresh build into that cache; or a
+    string saying why there is none (the tests that need it skip with it)."""
+    named = os.environ.get("EFIM_LLAMA_SERVER")
+    if named and Path(named).is_file():
+        return Path(named)
+    script = ROOT / "native" / "cached_server.sh"
+    env = dict(os.environ, XDG_CACHE_HOME=str(Path.home() / ".cache"), PY=sys.executable)
+    try:  # a warm cache answers at once; a cold one builds (minutes, once per llama.cpp version)
+        r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"llama-server could not be built: {e}"
+    path = Path(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
+    if path is None or not path.is_file():
+        return f"llama-server could not be built ({script}): {r.stderr.strip()[-300:]}"
+    return path

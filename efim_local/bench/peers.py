@@ -84,14 +84,16 @@ class LlamaServer:
     position, as efim's live slots do; ``--cache-reuse 256`` is llama.vim's recommended setting.
     """
 
-    def __init__(self, binary: Path, model: Path, n_ctx: int, threads: int):
+    def __init__(self, binary: Path, model: Path, n_ctx: int, threads: int, parallel: int = 1, extra=()):
+        """``n_ctx`` tokens per slot, ``parallel`` slots; ``extra``: more llama-server arguments."""
         if not binary.exists():
             raise FileNotFoundError(f"llama-server not found at {binary}: run `make server`")
         self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                "-c", str(n_ctx), "-np", "1", "--swa-full", "--cache-reuse", "256",
-                "--no-webui", "-fa", "off"]
+                "-c", str(n_ctx * parallel), "-np", str(parallel), "--swa-full", "--cache-reuse", "256",
+                "--no-webui", "-fa", "off", *extra]
         if threads:
             args += ["-t", str(threads)]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
@@ -142,6 +144,11 @@ class LlamaServer:
         t1 = time.perf_counter()
         return Answer(((first or t1) - t0) * 1e3, (t1 - t0) * 1e3, int(timings.get("prompt_n", -1)),
                       "".join(text))
+
+    def kill(self) -> None:
+        """Kill it at once (a replica that dies)."""
+        self.proc.kill()
+        self.proc.wait(30)
 
     def close(self) -> None:
         if self.proc.poll() is None:

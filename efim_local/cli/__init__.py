@@ -81,6 +81,9 @@ def model_options(fn):
         click.option("--offload-kqv/--no-offload-kqv", default=None,
                      help="Keep the KV cache and attention on the GPU (CUDA builds)."),
         click.option("--flash-attn/--no-flash-attn", default=None, help="Use flash attention."),
+        click.option("--backend", metavar="URL[,URL...]",
+                     help="Remote servers that run the prompts (llama-server; docs/team.md). The model is "
+                          "then loaded for its vocabulary only."),
     ]
     for o in reversed(opts):
         fn = o(fn)

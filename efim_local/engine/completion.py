@@ -32,13 +32,16 @@ class Completion:
     timings: Timings = field(default_factory=Timings)
     reanchor: str | None = None
     slot: int = -1
-    cache_tier: str = "none"  # where the reused KV came from: slot, ram, disk or none
+    cache_tier: str = "none"  # where the reused KV came from: slot, ram, disk, remote or none
     trimmed: dict = field(default_factory=dict)
     context: dict = field(default_factory=dict)  # tokens of prefix and suffix used; reduced by the budget?
     sparse: dict | None = None  # the sparse restore's report (approximate!), or why it fell back
     token_ids: list[int] = field(default_factory=list)
+    remote: dict | None = None  # a remote backend's answer: replica, slot, expected and served reuse, miss
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("token_ids")
+        if d["remote"] is None:
+            d.pop("remote")
         return d

@@ -55,6 +55,8 @@ class Engine:
     Use it as a context manager; ``close()`` saves dirty slots, then frees everything in
     reverse order of creation."""
 
+    remote = None  # a backend.Pool: replicas run its requests first (engine/remote.py)
+
     def __init__(self, config: Config, model_path: str | Path, store: StoreConfig | None = None):
         self.config = config
         with ExitStack() as stack:

@@ -20,6 +20,7 @@ from ..prompt.healing import Healer
 from ..prompt.planner import Budget, Plan, line_start
 from ..request import CompletionRequest, Options
 from .completion import Completion, Timings, TokenCounts
+from .remote_steps import remote_steps
 from .stream import StopRules
 
 log = logging.getLogger("efim.engine")
@@ -57,12 +58,16 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
     if len(prompt) == 0:
         raise InvalidParams("invalid params: the prompt is empty")
     want_sparse = how.sparse if how.sparse is not None else engine.config.sparse_budget > 0
-    start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light)
-    slot = start.slot
     max_tokens = engine.max_tokens(how)
     room = engine.config.context.n_ctx_seq - len(prompt)
     rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=how.stop_at_newline,
                       max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers)
+    if engine.remote is not None and not ro.cold:  # a remote backend runs it (engine/remote_steps.py)
+        out = yield from remote_steps(engine, prompt, how, ro, rules)
+        if out is not None:
+            return out  # else every replica failed: the local model answers
+    start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light)
+    slot = start.slot
     if not ro.idle:  # other work between this request's steps never picks, evicts or empties its slot
         engine.slots.busy.add(slot.seq)
     counts = TokenCounts(prompt=len(prompt))
@@ -101,7 +106,7 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     plan = fit_budget(engine, req, engine.plan(req))
     engine.files.set_typed(req.path, plan.middle_tokens)
     tokens, heal = plan.tokens, b""
-    want_heal = engine.default_heal if req.how.heal is None else req.how.heal
+    want_heal = (engine.default_heal if req.how.heal is None else req.how.heal) and engine.remote is None
     if want_heal and plan.middle_tokens and Healer.should_heal(engine.model.piece(plan.middle_tokens[-1])):
         # Back off the middle's last token; generation must spell it out again.
         cut = plan.middle_start + len(plan.middle_tokens) - 1

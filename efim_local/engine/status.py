@@ -39,4 +39,5 @@ def engine_status(engine) -> dict:
         "sparse_restore": sparse_status(engine),
         "slots": slot_info(engine),
         "store": engine.store.stats() if engine.store else None,
+        "backend": engine.remote.status() if engine.remote is not None else None,
     }

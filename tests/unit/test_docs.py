@@ -148,7 +148,7 @@ def test_config_examples_load(tmp_path):
         data = tomllib.loads(block)
         for k, v in {**data.pop("context", {}), **data}.items():
             where = cfg.context if k in config.ContextParams.__dataclass_fields__ else cfg
-            assert getattr(where, k) == v, (k, block)
+            assert getattr(where, k) == (tuple(v) if isinstance(v, list) else v), (k, block)  # lists: tuples
 
 
 def test_config_keys_named_in_docs_exist():

@@ -1,0 +1,264 @@
+"""Replicas, which one serves a file, and remote calls that never block the engine thread.
+
+- One file's requests go to one replica (consistent hashing of its session key on a ring of
+  virtual nodes), so its prompt stays in one server's cache; other files spread. A replica that
+  fails is skipped for a while (doubling back-off) and the next one on the ring serves.
+- On a llama-server replica, a local slot map pins each file to one slot (``id_slot``) and
+  remembers the prompt the slot holds: the reuse to expect, checked against the server's count.
+- Each :class:`Call` streams on its own thread into a queue; the engine thread takes what came
+  (``take``) and, when nothing came for any call, waits briefly on the pool (``wait_any``). A call
+  that fails over after some text went out resends the prompt to the next replica and skips the
+  text already delivered.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import BackendError
+from ..kv.prefix import common_prefix
+from .drivers import DRIVERS, Chunk, OpenAI, Sampling
+from .wire import READ_TIMEOUT, EventStream, Replica, ReplicaError
+
+VNODES = 64  # ring points per replica: files spread evenly, and a lost replica moves only its own
+DOWN_MIN, DOWN_MAX = 2.0, 30.0  # seconds a failed replica is skipped, doubling while it keeps failing
+
+
+def _hash(s: str) -> int:
+    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big")
+
+
+class Ring:
+    """Consistent hashing: the order in which replicas serve a key (its own first)."""
+
+    def __init__(self, names: list[str]):
+        self.n = len(names)
+        pts = sorted((_hash(f"{name}#{i}"), r) for r, name in enumerate(names) for i in range(VNODES))
+        self.keys, self.owners = [p[0] for p in pts], [p[1] for p in pts]
+
+    def order(self, key: str) -> list[int]:
+        out: list[int] = []
+        i = bisect.bisect(self.keys, _hash(key))
+        for j in range(len(self.owners)):
+            r = self.owners[(i + j) % len(self.owners)]
+            if r not in out:
+                out.append(r)
+                if len(out) == self.n:
+                    break
+        return out
+
+
+@dataclass
+class SlotMap:
+    """The slots of one llama-server replica: which file each serves, and the prompt it holds."""
+
+    n: int
+    owner: dict[int, str] = field(default_factory=dict)
+    used: dict[int, float] = field(default_factory=dict)
+    held: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def slot_for(self, key: str) -> int:
+        """The file's own slot, else a free one, else the least recently used."""
+        mine = next((s for s, k in self.owner.items() if k == key), None)
+        if mine is None:
+            free = [s for s in range(self.n) if s not in self.owner]
+            mine = free[0] if free else min(self.owner, key=lambda s: self.used.get(s, 0.0))
+            self.owner[mine], self.held[mine] = key, np.zeros(0, np.int32)
+        self.used[mine] = time.monotonic()
+        return mine
+
+    def expected(self, slot: int, tokens: np.ndarray) -> int:
+        """Prompt tokens the slot should serve from its cache (the last is always computed again)."""
+        held = self.held.get(slot)
+        return min(common_prefix(held, tokens), len(tokens) - 1) if held is not None and len(held) else 0
+
+
+@dataclass
+class Member:
+    replica: Replica
+    slots: SlotMap | None = None  # known after the first call (llama-server: GET /props)
+    down_until: float = 0.0
+    backoff: float = DOWN_MIN
+    served: int = 0
+    failed: int = 0
+    misses: int = 0
+
+
+class Pool:
+    """Several replicas of one model behind one driver (thread-safe)."""
+
+    def __init__(self, urls: list[str], driver: str = "llama-server", api_key: str | None = None,
+                 model: str = "default", read_timeout: float = READ_TIMEOUT):
+        """``read_timeout``: seconds a stream may stay silent (a queued request's wait counts)."""
+        if not urls:
+            raise BackendError("no backend URL given")
+        self.driver = DRIVERS[driver]() if driver != "openai" else OpenAI(model)
+        self.members = [Member(Replica(u, api_key)) for u in urls]
+        self.ring = Ring([m.replica.url for m in self.members])
+        self.read_timeout = read_timeout
+        self.cond = threading.Condition()
+        self.unread = 0  # events queued in calls that nobody took yet
+
+    def order(self, key: str) -> list[Member]:
+        """The replicas that serve ``key``, in turn: its own first; those that failed lately last."""
+        now = time.monotonic()
+        members = [self.members[i] for i in self.ring.order(key)]
+        return [m for m in members if m.down_until <= now] + [m for m in members if m.down_until > now]
+
+    def start(self, tokens: list[int], sampling: Sampling, key: str) -> "Call":
+        """Start streaming a completion of ``tokens`` for session ``key`` (returns at once)."""
+        call = Call(self, [int(t) for t in tokens], sampling, key)
+        threading.Thread(target=call.run, name="efim-remote", daemon=True).start()
+        return call
+
+    def wait_any(self, timeout: float) -> None:
+        """Wait until some call has an event nobody took, at most ``timeout`` seconds."""
+        with self.cond:
+            if self.unread == 0:
+                self.cond.wait(timeout)
+
+    # -- bookkeeping (any thread) -----------------------------------------------------------
+    def _pin(self, m: Member, key: str, tokens: list[int]) -> tuple[int | None, int]:
+        if m.slots is None:
+            n = self.driver.slots(m.replica)
+            with self.cond:
+                m.slots = m.slots or SlotMap(n)
+        if isinstance(self.driver, OpenAI):
+            return None, 0
+        with self.cond:
+            slot = m.slots.slot_for(key)
+            return slot, m.slots.expected(slot, np.asarray(tokens, np.int32))
+
+    def _ok(self, m: Member, slot: int | None, tokens: list[int], miss: bool) -> None:
+        with self.cond:
+            m.down_until, m.backoff = 0.0, DOWN_MIN
+            m.served += 1
+            m.misses += miss
+            if slot is not None and m.slots is not None:
+                m.slots.held[slot] = np.asarray(tokens, np.int32)
+
+    def _failed(self, m: Member) -> None:
+        with self.cond:
+            m.failed += 1
+            m.down_until = time.monotonic() + m.backoff
+            m.backoff = min(DOWN_MAX, m.backoff * 2)
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        with self.cond:
+            return {"driver": self.driver.name, "replicas": [
+                {"url": m.replica.url, "up": m.down_until <= now, "slots": m.slots.n if m.slots else None,
+                 "served": m.served, "failed": m.failed, "cache_misses": m.misses} for m in self.members]}
+
+
+class Call:
+    """One remote completion in flight. Its thread pushes events; the caller takes them:
+    ``("replica", info)`` when a replica takes it, ``("failover", info)`` when one fails,
+    ``("chunk", Chunk)``, then ``("end", info)`` or ``("error", BackendError)``."""
+
+    def __init__(self, pool: Pool, tokens: list[int], sampling: Sampling, key: str):
+        self.pool, self.tokens, self.sampling, self.key = pool, tokens, sampling, key
+        self.events: deque = deque()
+        self.finished = False  # the last event was pushed
+        self.closed = False
+        self.stream: EventStream | None = None
+        self.delivered = ""  # text already pushed: a replica that takes over skips it
+
+    def take(self) -> list:
+        """The events that came since the last take."""
+        with self.pool.cond:
+            out = list(self.events)
+            self.events.clear()
+            self.pool.unread -= len(out)
+            return out
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until this call has an event to take (or has ended), at most ``timeout`` seconds."""
+        with self.pool.cond:
+            self.pool.cond.wait_for(lambda: self.events or self.finished or self.closed, timeout)
+
+    def close(self) -> None:
+        """Cancel: close the connection (the server stops generating); events still queued are dropped."""
+        with self.pool.cond:
+            self.closed = True
+            self.pool.unread -= len(self.events)
+            self.events.clear()
+            stream = self.stream
+        if stream is not None:
+            stream.close()
+
+    def _push(self, kind: str, data) -> bool:
+        with self.pool.cond:
+            if self.closed:
+                return False
+            self.events.append((kind, data))
+            self.pool.unread += 1
+            self.finished = kind in ("end", "error")
+            self.pool.cond.notify_all()
+            return True
+
+    def run(self) -> None:
+        errors = []
+        for m in self.pool.order(self.key):
+            if self.closed:
+                return
+            try:
+                self._run_on(m)
+                return
+            except ReplicaError as e:
+                if self.closed:
+                    return
+                self.pool._failed(m)
+                errors.append(f"{m.replica.url}: {e.reason}")
+                self._push("failover", {"url": m.replica.url, "reason": e.reason})
+        self._push("error", BackendError("every backend failed (" + "; ".join(errors) + ")"))
+
+    def _run_on(self, m: Member) -> None:
+        """Stream the completion from one replica (ReplicaError if it fails)."""
+        slot, expected = self.pool._pin(m, self.key, self.tokens)
+        path, body, headers = self.pool.driver.request(self.tokens, self.sampling, slot, self.key)
+        stream = m.replica.stream(path, body, headers, self.pool.read_timeout)
+        with self.pool.cond:
+            self.stream = stream
+            if self.closed:
+                stream.close()
+                return
+        self._push("replica", {"url": m.replica.url, "slot": slot, "expected_cached": expected})
+        skip, last, stop = self.delivered, Chunk(final=True), None
+        for msg in stream:
+            c = self.pool.driver.parse(msg)
+            if skip and c.text:  # a replica that took over: the text the editor has is not sent again
+                n = len(_common(skip, c.text))
+                if n < min(len(skip), len(c.text)):  # it answers differently (sampling): stop here
+                    stream.close()
+                    c = Chunk(final=True, stop="failover")
+                    break
+                skip, c.text = skip[n:], c.text[n:]
+            self.delivered += c.text
+            if not self._push("chunk", c):
+                stream.close()
+                return
+            last, stop = c, c.stop or stop  # an OpenAI stream says why before its usage
+            if c.final:
+                break
+        miss = last.cached is not None and last.cached < expected
+        self.pool._ok(m, slot, self.tokens, miss)
+        self._push("end", {"cached": last.cached, "evaluated": last.evaluated, "generated": last.generated,
+                           "stop": stop})
+        stream.close()
+
+
+def _common(a: str, b: str) -> str:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a[:n]

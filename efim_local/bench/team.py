@@ -1,0 +1,90 @@
+"""The EFIM paper's multi-user protocol against a remote server: FIM against EFIM token prompts.
+
+``users`` concurrent users each edit one source file of 2-4k tokens for ``rounds`` rounds (the
+protocol of ``rounds.py``: prefix = file[:c], suffix = file[H:], round r's typed text is
+file[c : H/7*(r+2)]); every round asks for ``max_tokens`` tokens (EOS ignored, temperature 0.2,
+top-p 0.95, top-k 20). A user sends its next round when its last answer is complete. Prompts are
+planned here (efim's planner, the model's vocabulary only) and sent as token arrays through
+``backend.Pool``: FIM puts the typed text in the prefix, so every round recomputes the suffix; EFIM
+puts it after the middle marker, so the server's prompt cache serves the prefix and the suffix.
+
+Reported per layout: throughput (requests/s and generated tokens/s over the wall time), mean and p95
+latency (request to last token), mean time to the first token, and the prompt tokens the server
+computed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from . import util as bu
+from ..backend import Pool, Sampling
+from ..config import Config
+from ..engine.engine import make_planner
+from ..llama import Model
+from ..prompt.planner import FileSession
+
+
+def plans(model: Path, template: str | None, users: int, rounds: int, max_tokens: int, layout: str):
+    """{user: [token prompt of each round]} for one layout (the same files for both)."""
+    cfg = Config(model=str(model), fim_template=template, max_tokens=max_tokens, max_middle_tokens=8192)
+    cfg = cfg.with_overrides(n_ctx_seq=4608)
+    with Model(model, vocab_only=True) as m:
+        _, planner = make_planner(m, cfg)
+        sources = bu.pick_sources(m.tokenize, users, 2000, 4000)
+        out = {}
+        for name, text in sources:
+            session, rows = FileSession(layout=layout), []
+            H = len(text) // 2
+            for r in range(rounds):
+                end = int(H / 7 * (r + 2))
+                rows.append(list(planner.plan(session, text[:end] + text[H:], end, layout, reserve=max_tokens).tokens))
+            out[name] = rows
+    return out
+
+
+def run_layout(pool: Pool, prompts: dict[str, list[list[int]]], max_tokens: int) -> dict:
+    """Every user's rounds, users concurrently; per-request rows and the wall time."""
+    rows: list[dict] = []
+    lock = threading.Lock()
+
+    def user(name: str, rounds: list[list[int]]) -> None:
+        for r, tokens in enumerate(rounds):
+            s = Sampling(n_predict=max_tokens, temperature=0.2, top_k=20, top_p=0.95, seed=r, ignore_eos=True)
+            t0 = time.perf_counter()
+            call, first, end = pool.start(tokens, s, name), None, None
+            while end is None:
+                call.wait(5.0)
+                for kind, data in call.take():
+                    if kind == "chunk" and first is None:
+                        first = time.perf_counter()
+                    elif kind in ("end", "error"):
+                        end = data
+            t1 = time.perf_counter()
+            if not isinstance(end, dict):
+                raise end
+            with lock:
+                rows.append({"user": name, "round": r, "prompt": len(tokens), "ttft_ms": ((first or t1) - t0) * 1e3,
+                             "latency_ms": (t1 - t0) * 1e3, "evaluated": end.get("evaluated"),
+                             "cached": end.get("cached"), "generated": end.get("generated") or 0})
+
+    threads = [threading.Thread(target=user, args=item) for item in prompts.items()]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "rows": rows}
+
+
+def summary(layout: str, res: dict) -> dict:
+    rows, wall = res["rows"], res["wall_s"]
+    return {"layout": layout, "requests": len(rows), "wall_s": round(wall, 2),
+            "req_per_s": len(rows) / wall, "gen_tok_per_s": sum(x["generated"] for x in rows) / wall,
+            "latency_mean_ms": bu.mean([x["latency_ms"] for x in rows]),
+            "latency_p95_ms": bu.pctl([x["latency_ms"] for x in rows], 0.95),
+            "ttft_mean_ms": bu.mean([x["ttft_ms"] for x in rows]),
+            "evaluated_mean": bu.mean([x["evaluated"] or 0 for x in rows])}

@@ -1,0 +1,100 @@
+"""The engine's side of a remote backend (``backend/``): a token prompt run by a replica, answered as
+an in-process run is (stop rules, streaming text, cancellation, the same Completion).
+
+Two ways to run with replicas:
+
+- remote only (:class:`RemoteEngine`): the model is loaded ``vocab_only`` (its tokenizer, no
+  weights, no context): planning, anchors and stop rules are local, decoding is the replicas';
+- replicas first, the local model behind them (``local_fallback``): the full engine, with a pool
+  attached; a request every replica failed runs in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import ExitStack
+from pathlib import Path
+
+from ..backend import Pool
+from ..config import Config
+from ..llama import Model
+from .engine import Engine, make_planner
+from .files import Files
+from .models import KIND_FRAGMENT, choose_layout, model_kind
+from .slots import SlotManager
+from .speed import PrefillSpeed
+
+log = logging.getLogger("efim.engine")
+
+
+def api_key(config: Config) -> str | None:
+    """The API key: ``EFIM_API_KEY`` or the config's (never logged, never in status)."""
+    return os.environ.get("EFIM_API_KEY") or config.api_key or None
+
+
+def open_pool(config: Config) -> Pool:
+    return Pool(list(config.backend), config.backend_api, api_key(config), config.backend_model)
+
+
+class _NoReuse:
+    """What a remote-only engine has instead of local KV reuse: nothing to save or peek."""
+
+    store = None
+
+    def flush(self) -> None:
+        pass
+
+    def peek(self, prompt) -> int:
+        return 0
+
+    def clear(self, slot) -> None:
+        pass
+
+
+class RemoteEngine(Engine):
+    """An engine whose decoding is the replicas': the vocabulary only, no weights, no context."""
+
+    def __init__(self, config: Config, model_path: str | Path):
+        self.config = config
+        with ExitStack() as stack:
+            self.model = stack.enter_context(Model(model_path, vocab_only=True))
+            self.template, self.planner = make_planner(self.model, config)
+            self.remote = open_pool(config)
+            self.sparse = self.store = self.cores = self.speed_file = None
+            self.slots, self.files, self.reuse = SlotManager(0), Files(), _NoReuse()
+            self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
+            self.speed, self._saved_speed = PrefillSpeed(), 0
+            self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
+            self.default_layout, self.layout_reason = choose_layout(
+                self.model.meta, config.layout, self.template.source == "text")
+            self.default_heal, self.heal_reason = False, "remote backend: healing runs in-process only"
+            self._stack = stack.pop_all()
+
+    def fit_threads(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def status(self) -> dict:
+        return {"model": str(self.model.path), "description": self.model.description(), "vocab_only": True,
+                "layout": self.default_layout, "layout_reason": self.layout_reason,
+                "heal": False, "heal_reason": self.heal_reason, "template": self.template.source,
+                "n_slots": 0, "n_ctx_seq": self.config.context.n_ctx_seq, "slots": [], "store": None,
+                "backend": self.remote.status()}
+
+
+def open_remote(config: Config, model_path: str | Path, store=None) -> Engine:
+    """The engine for a config with ``backend`` URLs: remote only, or with the local model behind."""
+    if not config.local_fallback:
+        return RemoteEngine(config, model_path)
+    engine = Engine(config, model_path, store=store)
+    try:
+        engine.remote = open_pool(config)
+    except BaseException:
+        engine.close()
+        raise
+    engine.default_heal, engine.heal_reason = False, "remote backend: healing runs in-process only"
+    return engine
+
