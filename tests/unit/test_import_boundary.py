@@ -71,6 +71,7 @@ LAYERS = (
     ("training",),  # writes GGUF files for llama.cpp: knows llama's metadata keys, nothing that serves
     ("prompt",),  # documents, templates, the planner, token healing
     ("kv", "repo"),  # the KV state store; repository context (other files' tiers before this one)
+    ("backend",),  # remote engines (llama-server, OpenAI-compatible): token arrays over HTTP
     ("engine",),  # the scheduler, runs, slots, reuse, models
     ("api", "catalog"),  # the library API; the model catalog
     ("daemon",),  # the socket, framing, dispatch, handlers, starting a daemon
