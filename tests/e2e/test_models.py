@@ -20,7 +20,7 @@ class Hub:
     ETag, X-Repo-Commit, Content-Length. Counts GETs per path."""
 
     def __init__(self, files: dict[str, bytes]):
-        self.files, self.gets = files, []
+        self.files, self.gets, self.revisions = files, [], []
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -32,6 +32,8 @@ class Hub:
                 # owner/name/resolve/revision/file
                 key = f"{parts[0]}/{parts[1]}/{'/'.join(parts[4:])}" if len(parts) >= 5 and parts[2] == "resolve" \
                     else None
+                if key:
+                    hub.revisions.append(parts[3])
                 body = hub.files.get(key)
                 if body is None:
                     self.send_response(404)
@@ -116,7 +118,7 @@ def test_pull_by_name_check_use_then_complete(env, hub, tmp_path):
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text("max_tokens = 6\n\n[context]\nn_ctx_seq = 1024\nn_slots = 2\n")
     used = json.loads(run(env, "models", "use", "tiny-coder", "--json").stdout)
-    assert used == {"model": out["path"], "config": str(cfg)}
+    assert used == {"model": out["path"], "config": str(cfg), "fim_template": None, "changes": []}
     text = cfg.read_text()
     assert text.startswith(f'model = "{out["path"]}"\n') and "n_slots = 2" in text and "max_tokens = 6" in text
 
@@ -133,6 +135,7 @@ def test_pull_hf_spec_and_bad_models(env, hub, tmp_path):
     assert out["fim"] is False and out["name"] == "nofim"
     r = run(env, "models", "use", out["path"], code=2)
     assert r.stderr.decode().count("\n") == 1 and "no FIM tokens" in r.stderr.decode()
+    assert "--fim-template" in r.stderr.decode()
 
     r = run(env, "models", "pull", f"hf:{REPO}/notes.gguf", code=2)
     assert b"not a GGUF file" in r.stderr
