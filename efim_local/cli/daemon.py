@@ -67,6 +67,7 @@ def serve(sock, roots, queue_size, verbose, config_stdin, **model_kw):
         engine.close()  # saves dirty slots to disk
         if pid.exists() and pid.read_text().strip() == str(os.getpid()):
             pid.unlink()
+        logs.log.info("stopped (pid %d)", os.getpid())
 
 
 @main.group()
@@ -116,6 +117,7 @@ def start_daemon(timeout: float, cfg, roots=(), verbose: bool = False) -> int:
     # -P: the caller's working directory is not on sys.path (a local logging.py must not shadow ours).
     args = [sys.executable, "-P", "-m", "efim_local.cli", "serve", "--config-stdin"]
     log = os.fdopen(paths.open_private(paths.log_file(), os.O_WRONLY | os.O_APPEND), "ab")
+    start = os.fstat(log.fileno()).st_size  # this start's lines come after
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True,
                             cwd=paths.log_file().parent)
     log.close()  # the child has its own copy
@@ -126,9 +128,27 @@ def start_daemon(timeout: float, cfg, roots=(), verbose: bool = False) -> int:
         if client.running():
             return proc.pid
         if proc.poll() is not None:
-            raise DaemonError(f"the daemon exited with code {proc.returncode}; see {paths.log_file()}")
+            raise DaemonError(f"the daemon exited with code {proc.returncode}: {_reason(paths.log_file(), start)} "
+                              f"(log: {paths.log_file()})")
         time.sleep(0.1)
-    raise DaemonError(f"the daemon did not answer within {timeout:.0f} s; see {paths.log_file()}")
+    raise DaemonError(f"the daemon did not answer within {timeout:.0f} s (last log line: "
+                      f"{_reason(paths.log_file(), start)}; log: {paths.log_file()})")
+
+
+def _reason(log_path: Path, start: int) -> str:
+    """The last error line the daemon logged since ``start`` (else its last line): the reason, not a path."""
+    import os
+
+    try:
+        fd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(start, size - 65536) if size >= start else max(0, size - 65536))  # rotated: its tail
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    errors = [ln for ln in lines if "error" in ln.lower() or "Traceback" in ln]
+    return (errors or lines or ["nothing logged"])[-1][:300]
 
 
 @daemon.command("stop")
@@ -212,7 +232,7 @@ def daemon_status(as_json):
     lat = f", latency p50 {req['p50_ms']} ms / p95 {req['p95_ms']} ms (last {req['window']})" if req["window"] else ""
     click.echo(f"requests     {st['served']} served, {st['errors']} errors, {st['queued']} queued{lat}")
     for s in st["slots"]:
-        click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {s['path'] or '-'}")
+        click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {(s['path'] if s['tokens'] else '') or '-'}")
     for path, f in req["files"].items():
         click.echo(f"file         {f['hit_rate']:6.0%} hits  {f['requests']:4} requests  {path}")
     if st.get("store"):

@@ -129,4 +129,5 @@ class Completion:
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("token_ids")
+        d["timings"] = {k: round(v, 2) for k, v in d["timings"].items()}  # 10 µs: more is noise
         return d
