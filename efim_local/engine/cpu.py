@@ -8,6 +8,10 @@ before each decode, so one long answer adapts too (a few small reads of ``/proc`
 keystroke path worth counting). The window is the time since the last check: after a long pause it
 is the pause's average load.
 
+Before the first window is ``every`` s old (an in-process run decodes right after the engine
+starts), the count comes from the runnable tasks at that moment (``procs_running``, less this
+thread): the first prefill is one long decode that no later check can shorten.
+
 What other processes *used* understates what they *want* while this process decodes: its spinning
 threads take a share of every core, so a core-bound process beside two decoding threads on two
 cores gets only about 2/3 of a core. The scheduler's per-thread run-queue wait
@@ -76,6 +80,18 @@ def _snap(cpus: frozenset[int]) -> _Snap | None:
     return _Snap(time.monotonic(), total, busy, own, *_schedstat())
 
 
+def _running_others() -> int | None:
+    """Tasks runnable right now besides this thread (/proc/stat ``procs_running``: system-wide)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for ln in f:
+                if ln.startswith(b"procs_running "):
+                    return max(0, int(ln.split()[1]) - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def demand(used: float, ran: float, waited: float, cores: int) -> float:
     """Other processes' demand in cores, from what they ``used`` (cores) while this process's
     threads ran ``ran`` and waited ``waited`` (seconds of thread time per second of window): under
@@ -95,11 +111,17 @@ class FreeCores:
         self.others = 0.0  # cores' worth of CPU other processes wanted in the last window
         self.free = self.cores
         self._last = _snap(self.cpus)
+        self._first = True  # no window measured yet
 
     def sample(self) -> int:
         """Free cores now (at least 1): the last window's, re-measured if it is ``every`` s old."""
         last = self._last
         if last is None or time.monotonic() - last.t < self.every:
+            if self._first:  # no window yet: the tasks runnable now
+                self._first = False
+                others = _running_others()
+                if others is not None:
+                    self._set(min(float(self.cores), float(others)))
             return self.free
         now = _snap(self.cpus)
         if now is None or now.total <= last.total:
@@ -107,7 +129,10 @@ class FreeCores:
         used = max(0, (now.busy - last.busy) - (now.own - last.own)) / (now.total - last.total) * self.cores
         span = max(now.t - last.t, 1e-3) * 1e9
         ran, waited = max(0, now.ran - last.ran) / span, max(0, now.waited - last.waited) / span
-        self.others = demand(used, ran, waited, self.cores)
-        self.free = max(1, min(self.cores, self.cores - int(self.others + 1 - TAKEN)))
-        self._last = now
+        self._set(demand(used, ran, waited, self.cores))
+        self._first, self._last = False, now
         return self.free
+
+    def _set(self, others: float) -> None:
+        self.others = others
+        self.free = max(1, min(self.cores, self.cores - int(others + 1 - TAKEN)))

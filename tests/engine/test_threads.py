@@ -83,6 +83,14 @@ def test_one_long_answer_adapts_to_a_busy_core(tiny_model, spinner):
         assert st["cores_free"] == CORES - 1 and st["threads"] == CORES - 1, st
 
 
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_the_first_decode_already_sees_a_busy_core(spinner):
+    """Right after the engine starts there is no window yet: the runnable tasks count instead
+    (an in-process run's first prefill is one long decode)."""
+    cores = FreeCores(every=10)
+    assert cores.sample() <= CORES - 1 and cores.others >= 1
+
+
 def test_the_wait_on_the_run_queue_reveals_what_others_want():
     from efim_local.engine.cpu import demand
 
