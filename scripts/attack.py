@@ -3,8 +3,10 @@
 Runs the attacks of efim_local/bench/attack.py (surrogates, NaN, connection flood, slow reader,
 slow writer, FIFO and /dev/zero documents, a huge didChange, the UTF-8 limit, idle tokenizing,
 many roots, the engine watchdog, --socket at a file, a planted daemon.pid link) against the
-daemon on the socket, then prints a table, saves bench-results/attack.json and exits 1 if any
-attack got through. The daemon's deadlines default to the production ones (10 s each).
+daemon on the socket, and those of efim_local/bench/attack_cli.py on `efim models` (a FIFO or
+/dev/zero as EFIM_KNOWN_MODELS, catalog entries with '..'), then prints a table, saves
+bench-results/attack.json and exits 1 if any attack got through. The daemon's deadlines default to
+the production ones (10 s each).
 
     efim daemon start && python scripts/attack.py
     python scripts/attack.py --socket /tmp/t/efim.sock --only flood slow_reader
@@ -16,8 +18,10 @@ import sys
 from pathlib import Path
 
 from efim_local.bench.attack import ATTACKS, Target, run
+from efim_local.bench.attack_cli import CLI_ATTACKS
 from efim_local.daemon import paths
 
+ATTACKS.update(CLI_ATTACKS)  # the command line's inputs too (EFIM_KNOWN_MODELS)
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--socket", type=Path, default=None, help="the daemon's socket (default: efim's)")
 ap.add_argument("--only", nargs="+", choices=list(ATTACKS), help="run only these attacks")
