@@ -282,3 +282,12 @@ def test_gemma_is_one_command_away_without_a_hub(tmp_path):
     done = json.loads(run(env, "complete", str(doc), "--line", "2", "--column", "5", "--json", "--max-tokens", "4",
                           "--no-cache").stdout)
     assert done["tokens"]["generated"] >= 1
+
+
+@pytest.mark.parametrize("name", ["known_models_special", "catalog_escape"])
+def test_cli_attacks_hold(tmp_path, name):
+    """scripts/attack.py's attacks on `efim models` (efim_local/bench/attack_cli.py) hold."""
+    from efim_local.bench.attack import Target
+    from efim_local.bench.attack_cli import CLI_ATTACKS
+
+    print(CLI_ATTACKS[name](Target(tmp_path / "none.sock", tmp=tmp_path)))
