@@ -5,6 +5,7 @@
 # the next ones seconds): pip -q says nothing all that time, so the elapsed time and what pip is
 # building (from its -v log) show it is alive.
 set -u
+tick=${EFIM_PIP_TICK:-30}  # seconds between progress lines
 py=$1
 shift
 log=$(mktemp "${TMPDIR:-/tmp}/efim-pip.XXXXXX")
@@ -13,7 +14,7 @@ trap 'rm -f "$log"' EXIT
 pid=$!
 start=$SECONDS
 while kill -0 "$pid" 2>/dev/null; do
-  for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null && sleep 1; done
+  for _ in $(seq "$tick"); do kill -0 "$pid" 2>/dev/null && sleep 1; done
   kill -0 "$pid" 2>/dev/null || break
   what=$(grep -aoE "Building wheel for [A-Za-z0-9_.-]+|\[ *[0-9]+%\] [A-Za-z]+ [^ ]+" "$log" | tail -n 1)
   echo "  pip install $*: $((SECONDS - start)) s${what:+, $what}" >&2
