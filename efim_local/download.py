@@ -42,6 +42,10 @@ def probe() -> None:
     url = urlsplit(endpoint())
     if url.scheme not in ("http", "https") or not url.hostname:
         raise DownloadError(f"HF_ENDPOINT must be an http(s) URL, not {endpoint()!r}")
+    import urllib.request
+
+    if urllib.request.getproxies().get(url.scheme) and not urllib.request.proxy_bypass(url.hostname):
+        return  # through a proxy: a direct connection proves nothing (huggingface_hub uses the proxy)
     try:
         port = url.port or (443 if url.scheme == "https" else 80)
         socket.create_connection((url.hostname, port), timeout=PROBE_TIMEOUT).close()
