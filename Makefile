@@ -1,19 +1,28 @@
-# efim-local. `make run` sets up everything and runs a real completion; `make test` runs the tests
-# (`make test-fast`: the unit tier only).
+# efim-local. `make run` sets up the runtime and runs a real completion; `make test` runs the tests
+# (`make test-fast`: the unit tier only). Each installs only what it needs: the runtime (`make run`,
+# `make install`), the test suite (`make test`, `make setup`), the training stack (`make model`).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+# pip with a line every 30 s while it works: a first llama-cpp-python build compiles llama.cpp.
+PIP := bash scripts/pip_install.sh $(PY)
 
-.PHONY: setup run test test-fast bench bench-quick cuda server clean nvim model install uninstall
+.PHONY: setup runtime run test test-fast bench bench-quick cuda server clean nvim model install uninstall
 
-setup: $(STAMP)
-
-$(STAMP): pyproject.toml
+# The runtime: efim and what it imports to serve (no test or training dependency).
+runtime: $(VENV)/.installed-runtime
+$(VENV)/.installed-runtime: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PIP) -e .
 	touch $@
+
+# The runtime and the test suite (pytest, torch for the training tests, Neovim, Playwright, ...).
+setup: $(VENV)/.installed-test
+$(VENV)/.installed-test: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) -e '.[test]'
+	touch $(VENV)/.installed-runtime $@
 
 # The editor-plugin tests drive a real headless Neovim.
 nvim:
@@ -59,7 +68,7 @@ $(CODE_SERVER):
 	  --loglevel=error --prefix . code-server@$(CODE_SERVER_VERSION)
 	touch $@
 
-run: setup
+run: runtime
 	$(VENV)/bin/efim complete examples/fib.py --line 5 --column 9 --max-tokens 24
 
 # All three tiers (tests/unit, tests/engine, tests/e2e); see tests/conftest.py.
@@ -74,8 +83,8 @@ test-fast: setup
 	$(PY) -m pytest -q tests/unit
 
 # Reproduce the bundled default model from scratch (about 30 min on 2 cores).
-model: setup
-	$(PY) -m pip install -q -e '.[train]'
+model: runtime
+	$(PIP) -e '.[train]'
 	$(PY) scripts/train.py --out out/train --gguf efim_local/data/efim-default.gguf
 
 # llama-server (CPU) from the pinned llama.cpp source: the peer `efim bench` compares against.
@@ -87,12 +96,12 @@ CUDA_ARCHS ?= 86-real
 cuda:
 	PY=$(PY) CUDA_ARCHS="$(CUDA_ARCHS)" bash native/build_cuda.sh
 
-bench-quick: setup server
-	$(PY) -m pip install -q -e '.[bench]'
+bench-quick: runtime server
+	$(PIP) -e '.[bench]'
 	$(VENV)/bin/efim bench --quick
 
-bench: setup server
-	$(PY) -m pip install -q -e '.[bench]'
+bench: runtime server
+	$(PIP) -e '.[bench]'
 	$(VENV)/bin/efim bench
 
 # A user-level install: a virtualenv of its own in $(EFIM_HOME), `efim` linked into $(BINDIR) (on
@@ -103,7 +112,7 @@ BINDIR ?= $(PREFIX)/bin
 SYSTEMD_USER_DIR ?= $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/systemd/user
 install:
 	test -x $(EFIM_HOME)/venv/bin/python || $(PYTHON) -m venv $(EFIM_HOME)/venv
-	$(EFIM_HOME)/venv/bin/python -m pip install -q --disable-pip-version-check --upgrade .
+	bash scripts/pip_install.sh $(EFIM_HOME)/venv/bin/python --upgrade .
 	rm -rf build
 	mkdir -p $(BINDIR) $(SYSTEMD_USER_DIR)
 	ln -sfn $(EFIM_HOME)/venv/bin/efim $(BINDIR)/efim

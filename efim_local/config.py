@@ -140,7 +140,7 @@ class Config:
     max_middle_tokens: int = 256  # re-anchor (and recompute the suffix) past this
     # Latency budget: a prompt whose new tokens would take longer than this to prefill (measured
     # online) is reduced to the context nearest the cursor; idle time grows it back. 0: off.
-    # 300 ms: the paced replay's p95 stays under 400 ms on a 0.5B model on 2 cores (README).
+    # 300 ms: the paced replay's p95 stays under 400 ms on a 0.5B model on 2 cores (docs/benchmarks.md).
     max_prompt_ms: float = 300.0
     idle_chunk_tokens: int = 64  # idle prefill yields to a request between chunks of at most this size,
     idle_chunk_ms: float = 50.0  # and of what prefills in about this long (so a request waits little)

@@ -5,10 +5,10 @@ slow writer, FIFO and /dev/zero documents, a huge didChange, the UTF-8 limit, id
 many roots, the engine watchdog, --socket at a file, a planted daemon.pid link; and from issue 27:
 edits the daemon refuses behind efim lsp, a 10 MB efim.accepted, Content-Length 10^23, frames
 without Content-Length, short or LF-only, an oversized frame's id, / and ~ as roots, the socket's
-lock file, efim lsp when the daemon cannot start, a planted store directory, the index's mode)
-against the daemon on the socket, then prints a
-table, saves bench-results/attack.json and exits 1 if any attack got through. The daemon's
-deadlines default to the production ones (10 s each).
+lock file, efim lsp when the daemon cannot start, a planted store directory, the index's mode;
+and on `efim models`, a FIFO or /dev/zero as EFIM_KNOWN_MODELS and catalog entries with '..')
+against the daemon on the socket, then prints a table, saves bench-results/attack.json and exits 1
+if any attack got through. The daemon's deadlines default to the production ones (10 s each).
 
     efim daemon start && python scripts/attack.py
     python scripts/attack.py --socket /tmp/t/efim.sock --only flood slow_reader

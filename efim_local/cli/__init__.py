@@ -50,13 +50,17 @@ def emit(obj, as_json: bool, text: str | None = None) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, package_name="efim-local")  # given: no importlib.metadata at start-up
+@click.version_option(__version__, "-V", "--version", package_name="efim-local")  # given: no importlib.metadata
 def main():
     """efim: fast local code completion with EFIM prompts and KV cache reuse.
 
     \b
     Example:
       efim complete src/app.py --line 12 --column 9
+
+    \b
+    Shell completion (bash; zsh_source and fish_source for the others):
+      eval "$(_EFIM_COMPLETE=bash_source efim)"    # in ~/.bashrc
     """
 
 

@@ -10,7 +10,7 @@ from . import emit, main, user_errors
 
 
 @main.command()
-@click.option("--quick", is_flag=True, help="A short run (about 5 minutes on 2 cores).")
+@click.option("--quick", is_flag=True, help="A short run (about 3 minutes on 2 cores).")
 @click.option("--model", "-m", default="gemma", show_default=True,
               help="'gemma' (gemma3-270m, FIM tokens marked for /infill), 'default', or a GGUF path.")
 @click.option("--only", type=click.Choice(["paced", "replay", "rounds", "restore"]), multiple=True,

@@ -69,6 +69,11 @@ def cache_stats(as_json):
     """
     with _admin_store() as store:
         st = store.stats()
+        bad = _unreadable(store)
+    st["corrupt"] = len(bad)
+    if bad:
+        click.echo(f"efim: warning: {len(bad)} saved state{'s are' if len(bad) > 1 else ' is'} unreadable "
+                   f"({bad[0][1]}); counted above, dropped when next looked up (or now: efim cache clear)", err=True)
     if as_json:
         return emit(st, True)
     for t, v in st["tiers"].items():
@@ -79,6 +84,22 @@ def cache_stats(as_json):
                f"evicted_disk={st['evicted_disk']}")
     if st["dropped"]:
         click.echo("dropped " + pairs(st["dropped"]))
+
+
+def _unreadable(store) -> list[tuple[str, str]]:
+    """(id, why) of the disk states whose header, size or token list is bad (no checksum: cheap)."""
+    from ..errors import StateFileError
+    from ..kv import stateformat
+
+    bad = []
+    for r in store.index.rows():
+        if r["tier"] != "disk":
+            continue
+        try:
+            stateformat.read_tokens(store.file_of(r["id"]))
+        except (StateFileError, OSError) as e:
+            bad.append((r["id"], str(e) or type(e).__name__))
+    return bad
 
 
 @cache.command("gc")

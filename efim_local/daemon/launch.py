@@ -45,14 +45,15 @@ def start_daemon(timeout: float, cfg, roots=(), verbose: bool = False) -> int:
             why = f": {reason}" if reason else ""
             raise DaemonError(f"the daemon exited with code {proc.returncode}{why} (log: {paths.log_file()})")
         time.sleep(0.1)
-    raise DaemonError(f"the daemon did not answer within {timeout:.0f} s; see {paths.log_file()}")
+    raise DaemonError(f"the daemon did not answer within {timeout:.0f} s (last log line: "
+                      f"{last_error(paths.log_file(), start) or 'nothing logged'}; log: {paths.log_file()})")
 
 
 def last_error(log: Path, start: int = 0) -> str:
     """The last error line the daemon wrote to ``log`` after byte ``start`` ("" if none): its
     one-line ``efim: error: ...`` or a logged ERROR, else its last line."""
     try:
-        with open(log, "rb") as f:
+        with os.fdopen(os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
             f.seek(start if os.fstat(f.fileno()).st_size >= start else 0)  # rotated meanwhile: all of it
             tail = f.read(1 << 16).decode("utf-8", "replace")
     except OSError:

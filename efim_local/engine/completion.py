@@ -42,6 +42,7 @@ class Completion:
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("token_ids")
+        d["timings"] = {k: round(v, 2) for k, v in d["timings"].items()}  # 10 µs: more is noise
         if d["remote"] is None:
             d.pop("remote")
         return d

@@ -4,8 +4,19 @@ ggml's threads meet at a barrier after every layer, so a thread whose core anoth
 busy stalls all the others: on 2 cores with one spinning process, a 17-token prefill took 300-400 ms
 with 2 threads where 1 thread takes about 140 ms. With automatic threads (the default), the engine
 decodes with as many threads as there are free cores, checked at most every ``every`` seconds
-before a decode (two small reads of ``/proc``: no work on the keystroke path worth counting). The
-window is the time since the last check: after a long pause it is the pause's average load.
+before each decode, so one long answer adapts too (a few small reads of ``/proc``: no work on the
+keystroke path worth counting). The window is the time since the last check: after a long pause it
+is the pause's average load.
+
+Before the first window is ``every`` s old (an in-process run decodes right after the engine
+starts), the count comes from the runnable tasks at that moment (``procs_running``, less this
+thread): the first prefill is one long decode that no later check can shorten.
+
+What other processes *used* understates what they *want* while this process decodes: its spinning
+threads take a share of every core, so a core-bound process beside two decoding threads on two
+cores gets only about 2/3 of a core. The scheduler's per-thread run-queue wait
+(``/proc/self/task/*/schedstat``) says how much this process was squeezed; the others were squeezed
+alike, so their use divided by the share of runnable time that actually ran is their demand.
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ from dataclasses import dataclass
 # Other processes' load that takes a core away, in cores: a core-bound process shows as ~1.0; an
 # editor, or the benchmark's own client, as a fraction (which must not halve the threads).
 TAKEN = 0.75
+# Below this much of our own run time in a window (seconds per second), our wait ratio is noise.
+MIN_RAN = 0.05
 
 
 @dataclass
@@ -25,6 +38,25 @@ class _Snap:
     total: int  # jiffies, all CPUs, busy or not
     busy: int  # jiffies spent by anyone
     own: int  # jiffies spent by this process (all its threads)
+    ran: int = 0  # ns this process's live threads ran (schedstat)
+    waited: int = 0  # ns they were runnable but waited for a CPU
+
+
+def _schedstat() -> tuple[int, int]:
+    """(ns run, ns waited on a run queue) summed over this process's threads; (0, 0) without schedstat."""
+    ran = waited = 0
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return 0, 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                a, b = f.read().split()[:2]
+            ran, waited = ran + int(a), waited + int(b)
+        except (OSError, ValueError):
+            continue  # the thread ended, or no schedstat in this kernel
+    return ran, waited
 
 
 def _snap(cpus: frozenset[int]) -> _Snap | None:
@@ -45,7 +77,28 @@ def _snap(cpus: frozenset[int]) -> _Snap | None:
         own = int(rest[11]) + int(rest[12])  # utime, stime: all threads
     except (OSError, ValueError, IndexError):
         return None
-    return _Snap(time.monotonic(), total, busy, own)
+    return _Snap(time.monotonic(), total, busy, own, *_schedstat())
+
+
+def _running_others() -> int | None:
+    """Tasks runnable right now besides this thread (/proc/stat ``procs_running``: system-wide)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for ln in f:
+                if ln.startswith(b"procs_running "):
+                    return max(0, int(ln.split()[1]) - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def demand(used: float, ran: float, waited: float, cores: int) -> float:
+    """Other processes' demand in cores, from what they ``used`` (cores) while this process's
+    threads ran ``ran`` and waited ``waited`` (seconds of thread time per second of window): under
+    a fair scheduler everyone runnable waits alike, so use / (share that ran) is what they wanted."""
+    if ran < MIN_RAN or waited <= 0:
+        return min(float(cores), used)
+    return min(float(cores), used * (ran + waited) / ran)
 
 
 class FreeCores:
@@ -55,20 +108,31 @@ class FreeCores:
         self.cpus = frozenset(os.sched_getaffinity(0))
         self.cores = len(self.cpus)
         self.every = every
-        self.others = 0.0  # cores' worth of CPU other processes used in the last window
+        self.others = 0.0  # cores' worth of CPU other processes wanted in the last window
         self.free = self.cores
         self._last = _snap(self.cpus)
+        self._first = True  # no window measured yet
 
     def sample(self) -> int:
         """Free cores now (at least 1): the last window's, re-measured if it is ``every`` s old."""
         last = self._last
         if last is None or time.monotonic() - last.t < self.every:
+            if self._first:  # no window yet: the tasks runnable now
+                self._first = False
+                others = _running_others()
+                if others is not None:
+                    self._set(min(float(self.cores), float(others)))
             return self.free
         now = _snap(self.cpus)
         if now is None or now.total <= last.total:
             return self.free
-        others = max(0, (now.busy - last.busy) - (now.own - last.own))
-        self.others = others / (now.total - last.total) * self.cores
-        self.free = max(1, min(self.cores, self.cores - int(self.others + 1 - TAKEN)))
-        self._last = now
+        used = max(0, (now.busy - last.busy) - (now.own - last.own)) / (now.total - last.total) * self.cores
+        span = max(now.t - last.t, 1e-3) * 1e9
+        ran, waited = max(0, now.ran - last.ran) / span, max(0, now.waited - last.waited) / span
+        self._set(demand(used, ran, waited, self.cores))
+        self._first, self._last = False, now
         return self.free
+
+    def _set(self, others: float) -> None:
+        self.others = others
+        self.free = max(1, min(self.cores, self.cores - int(others + 1 - TAKEN)))

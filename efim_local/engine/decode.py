@@ -38,6 +38,7 @@ class Decoder:
         self.model, self.ctx, self.batch, self.slots = model, ctx, batch, slots
         self.stop_tokens = stop_tokens
         self.observe = observe
+        self.fit = None  # called before every decode: automatic threads follow the load (engine/cpu.py)
         self._healer: Healer | None = None
 
     @property
@@ -84,6 +85,8 @@ class Decoder:
 
     def decode(self, slot: Slot) -> None:
         """Decode the batch; on a full KV cache evict other slots (LRU first) and retry."""
+        if self.fit is not None:
+            self.fit()
         while True:
             try:
                 return self.ctx.decode(self.batch)

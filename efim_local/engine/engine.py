@@ -107,6 +107,7 @@ class Engine:
             # the thread count (the answer must not depend on the machine's load).
             auto = not (cp.n_threads and cp.n_threads_batch) and not cp.flash_attn
             self.cores = FreeCores() if auto else None
+            self.decoder.fit = self.fit_threads  # per decode: one long answer adapts too
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
             self._stack = stack.pop_all()

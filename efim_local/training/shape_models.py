@@ -43,6 +43,7 @@ class Shape:
 SHAPES = {
     "qwen2.5-coder-0.5b": Shape("qwen2.5-coder-0.5b", 151936, 896, 24, 14, 2, 4864),
     "qwen2.5-coder-1.5b": Shape("qwen2.5-coder-1.5b", 151936, 1536, 28, 12, 2, 8960),
+    "qwen2.5-coder-3b": Shape("qwen2.5-coder-3b", 151936, 2048, 36, 16, 2, 11008),
 }
 
 

@@ -450,10 +450,17 @@ def test_info_line_and_mid_line_position(nv, relay, tmp_path):
     assert nv.api.current.line == "print(x)" or wait_for(lambda: nv.api.current.line == "print(x)")
     text = final_text(relay, nv)
     reply = relay.result_of(complete_requests(relay)[-1]["id"])["result"]
-    (mark,) = nv.marks()
-    assert mark[1:3] == [0, 7]
-    assert mark[3]["virt_text_pos"] == ("inline" if nv.api.funcs.has("nvim-0.10") else "eol")
-    chunks = mark[3].get("virt_lines", [mark[3]["virt_text"]])[-1] if "\n" in text else mark[3]["virt_text"]
+    marks = nv.marks()
+    mark = next(m for m in marks if m[1:3] == [0, 7])
+    inline = nv.api.funcs.has("nvim-0.10")
+    assert mark[3]["virt_text_pos"] == ("inline" if inline else "eol")
+    if inline and "\n" not in text:  # the info goes after the code line, not inside it (issue 27)
+        assert len(marks) == 2 and all("efim " not in c[0] for c in mark[3]["virt_text"]), marks
+        (eol,) = [m for m in marks if m is not mark]
+        assert eol[3]["virt_text_pos"] == "eol"
+        chunks = eol[3]["virt_text"]
+    else:
+        chunks = mark[3].get("virt_lines", [mark[3]["virt_text"]])[-1] if "\n" in text else mark[3]["virt_text"]
     info = chunks[-1][0]
     assert re.fullmatch(r"  efim \d+ ms, context \d+/\d+ \(\d+%(, reduced)?\), (\d+) evaluated, (slot|ram|disk|none)",
                         info), info
@@ -478,6 +485,14 @@ def test_unreachable_daemon_warns_once_then_connects(start_nvim, daemon, tmp_pat
     msgs = nv.messages()
     assert msgs.count("efim: daemon not reachable") == 1 and str(sock) in msgs, msgs
     assert "Error" not in msgs and "E5108" not in msgs, msgs
+    # "-- INSERT --" hides the message line: the warning is also drawn at the cursor line (issue 27)
+    notice = nv.lua('return vim.api.nvim_buf_get_extmarks(0, vim.api.nvim_get_namespaces()["efim_notice"], 0, -1,'
+                    ' {details = true})')
+    assert len(notice) == 1 and "daemon not reachable" in notice[0][3]["virt_text"][0][0], notice
+    nv.api.input("<Esc>")
+    assert wait_for(lambda: not nv.lua('return #vim.api.nvim_buf_get_extmarks(0, '
+                                       'vim.api.nvim_get_namespaces()["efim_notice"], 0, -1, {})'), 5)
+    nv.api.input("A")
 
     relay = Relay(sock, daemon.sock)
     try:
@@ -557,6 +572,16 @@ def test_checkhealth(nv, relay, daemon, tmp_path):
     nv.api.command("checkhealth efim")
     report = "\n".join(nv.api.current.buffer)
     assert re.search(r"ERROR:? daemon not reachable", report) and f"socket: {tmp_path}/nothing.sock" in report, report
+    assert f"no socket at {tmp_path}/nothing.sock" in report and "connection" not in report, report  # issue 27
+    # A socket file nobody listens on: refused, not "lost".
+    import socket as socket_mod
+    dead = socket_mod.socket(socket_mod.AF_UNIX)
+    dead.bind(str(tmp_path / "dead.sock"))
+    dead.close()
+    nv.lua(f'require("efim").config.socket = "{tmp_path}/dead.sock"; require("efim.rpc").close()')
+    nv.api.command("checkhealth efim")
+    report = "\n".join(nv.api.current.buffer)
+    assert "cannot connect to" in report and "connection to the daemon lost" not in report, report
 
 
 # -- on and off --------------------------------------------------------------------------------------

@@ -24,3 +24,5 @@ def test_the_published_shapes():
     q05, q15 = sm.SHAPES["qwen2.5-coder-0.5b"], sm.SHAPES["qwen2.5-coder-1.5b"]
     assert round(sm.n_params(q05) / 1e6) == 494 and round(sm.n_params(q15) / 1e6) == 1544
     assert (q05.head_dim, q15.head_dim) == (64, 128)  # the models' published parameter counts above
+    q3 = sm.SHAPES["qwen2.5-coder-3b"]
+    assert round(sm.n_params(q3) / 1e6) == 3086 and q3.head_dim == 128  # Qwen2.5-3B: 3.09B

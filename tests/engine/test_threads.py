@@ -70,6 +70,40 @@ def test_the_engine_follows_the_free_cores(tiny_model, spinner):
         assert not st["threads_auto"] and (st["threads"], st["threads_batch"]) == (1, 2)
 
 
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_one_long_answer_adapts_to_a_busy_core(tiny_model, spinner):
+    """An in-process run (``efim complete --no-daemon``) is one long answer right after the engine
+    starts: threads must follow the load during it, and the engine's own spinning threads must not
+    hide the other process (beside two of them it gets only ~2/3 of a core)."""
+    with Engine(small_config(n_threads=0, n_threads_batch=0, n_ctx_seq=4096), tiny_model) as e:
+        e.cores = FreeCores(every=0.1)  # a fresh window: the first decodes use every core
+        e.cores._first = False  # (not the runnable-tasks guess: the windows during the answer must adapt)
+        assert e.cores.sample() == CORES
+        t0 = time.monotonic()
+        out = e.complete(CompletionRequest("def f(x):\n    return ", 21, path="t.py", max_tokens=1000,
+                                           ignore_eog=True))
+        assert time.monotonic() - t0 > 0.2 and out.tokens.generated > 100  # several windows
+        st = e.status()
+        assert st["cores_free"] == CORES - 1 and st["threads"] == CORES - 1, st
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_the_first_decode_already_sees_a_busy_core(spinner):
+    """Right after the engine starts there is no window yet: the runnable tasks count instead
+    (an in-process run's first prefill is one long decode)."""
+    cores = FreeCores(every=10)
+    assert cores.sample() <= CORES - 1 and cores.others >= 1
+
+
+def test_the_wait_on_the_run_queue_reveals_what_others_want():
+    from efim_local.engine.cpu import demand
+
+    # 2 cores; a spinning process beside two decoding threads: each of the three runs 2/3 of the time.
+    assert demand(2 / 3, 4 / 3, 2 / 3, 2) == pytest.approx(1.0)
+    assert demand(0.5, 0.0, 0.0, 2) == 0.5  # this process idle: use is demand
+    assert demand(1.9, 0.5, 2.0, 2) == 2.0  # never more than every core
+
+
 def test_thread_count_does_not_change_an_answer(tiny_model):
     """Automatic threads may change between a prompt's prefill and a later keystroke's: ggml gives
     each output row to one thread, so the numbers, not just the argmax, are the same."""

@@ -67,13 +67,14 @@ LAYERS = (
     ("efim_local", "errors"),  # leaves: the version, the one error tree
     ("request",),  # the completion request (position and options), checked once
     ("config",),  # configuration: dataclasses, config.toml, the environment
-    ("llama",),  # llama.cpp handles, GGUF metadata keys
+    ("llama", "ggufmeta"),  # llama.cpp handles, GGUF metadata keys; a GGUF metadata reader in pure Python
     ("training",),  # writes GGUF files for llama.cpp: knows llama's metadata keys, nothing that serves
     ("prompt",),  # documents, templates, the planner, token healing
     ("kv", "repo"),  # the KV state store; repository context (other files' tiers before this one)
     ("backend",),  # remote engines (llama-server, OpenAI-compatible): token arrays over HTTP
     ("engine",),  # the scheduler, runs, slots, reuse, models
     ("api", "catalog"),  # the library API; the model catalog
+    ("download",),  # fetching a catalog model (efim models pull)
     ("daemon",),  # the socket, framing, dispatch, handlers, starting a daemon
     ("lsp",),  # efim lsp, relayed to the daemon
     ("bench",),  # benchmarks and attacks: the only package that may use training (the tests below)

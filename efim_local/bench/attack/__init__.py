@@ -18,14 +18,14 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from . import daemon, files, lsp, store
+from . import cli, daemon, files, lsp, store
 from .base import Failed, Raw, Skipped, Target, check, error_code, small_complete, status
 
 __all__ = ["ATTACKS", "OWN_DAEMON", "Failed", "Raw", "Skipped", "Target", "check", "error_code", "run",
            "small_complete", "status"]
 
 ATTACKS: dict[str, Callable[[Target], str]] = {**daemon.ATTACKS, **lsp.ATTACKS, **files.ATTACKS,
-                                                  **store.ATTACKS}
+                                                  **store.ATTACKS, **cli.ATTACKS}
 OWN_DAEMON = ("socket_path", "state_dir", *files.OWN_DAEMON, *lsp.OWN_DAEMON)
 
 

@@ -27,7 +27,12 @@ function M.check()
   local path = efim.socket_path()
   info("socket: " .. path)
   info("completions are " .. (efim.active() and "on" or "off (:EfimEnable)"))
-  local status, e = rpc.call_sync("status", nil, 3000)
+  local status, e
+  if vim.fn.getftype(path) == "" then
+    e = "no socket at " .. path
+  else
+    status, e = rpc.call_sync("status", nil, 3000)
+  end
   if not status then
     err("daemon not reachable: " .. tostring(e), { "start it: efim daemon start", "or set EFIM_SOCKET / the `socket` option" })
   else

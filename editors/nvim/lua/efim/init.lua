@@ -47,6 +47,19 @@ function M.socket_path()
 end
 rpc.socket = M.socket_path
 
+-- In insert mode "-- INSERT --" overwrites a message at once: a warning is also drawn at the end
+-- of the cursor line until insert mode ends (it stays in :messages).
+local notice_ns = vim.api.nvim_create_namespace("efim_notice")
+function rpc.on_warning(msg)
+  if vim.api.nvim_get_mode().mode:sub(1, 1) ~= "i" then return false end
+  local buf, row = vim.api.nvim_get_current_buf(), vim.api.nvim_win_get_cursor(0)[1] - 1
+  vim.api.nvim_buf_clear_namespace(buf, notice_ns, 0, -1)
+  vim.api.nvim_buf_set_extmark(buf, notice_ns, row, 0, { virt_text = { { msg, "WarningMsg" } }, virt_text_pos = "eol" })
+  local clear = function() pcall(vim.api.nvim_buf_clear_namespace, buf, notice_ns, 0, -1) end
+  vim.api.nvim_create_autocmd("InsertLeave", { once = true, callback = clear })
+  return true
+end
+
 --- Whether completions are on in `bufnr` (default: the current buffer): :EfimEnable/:EfimDisable,
 --- then b:efim_enabled, then the buffer kind, the `unnamed` option and the `filetypes` table.
 function M.is_enabled(bufnr)
@@ -122,12 +135,17 @@ local function show(o, text, res, chain)
     for i = 2, #lines do opts.virt_lines[i - 1] = { { lines[i], hl } } end
   end
   local info = info_text(res)
-  if info then
+  local info_eol = info and has_inline and not opts.virt_lines -- inline, it would sit inside the code line
+  if info and not info_eol then
     local last = opts.virt_lines and opts.virt_lines[#opts.virt_lines] or opts.virt_text
     table.insert(last, { info, M.config.info_highlight })
   end
   vim.api.nvim_buf_clear_namespace(o.buf, ns, 0, -1)
   vim.api.nvim_buf_set_extmark(o.buf, ns, o.row, o.col, opts)
+  if info_eol then
+    vim.api.nvim_buf_set_extmark(o.buf, ns, o.row, 0, { virt_text = { { info, M.config.info_highlight } },
+                                                        virt_text_pos = "eol", hl_mode = "combine" })
+  end
   chain = chain or { offered = text, taken = 0 }
   st.ghost = { buf = o.buf, row = o.row, col = o.col, tick = o.tick, id = o.id, path = o.path, text = text,
                res = res, offered = chain.offered, taken = chain.taken }

@@ -11,6 +11,7 @@ local R = {
   socket = nil, -- function returning the socket path (set by init.lua)
   gen = 0, -- generation of the current (or next) connection
   warned = false,
+  noticed = false, -- the warning was drawn in insert mode
   stats = { connects = 0, failures = 0, retries = 0, requests = 0, replies = 0, partials = 0 },
 }
 
@@ -18,11 +19,19 @@ local conn = nil -- { pipe, open, outbox, inbuf, gen }
 local pending = {} -- id -> request entry (sent or queued, not answered)
 local next_id = 0
 
+-- One message; and once in insert mode, where "-- INSERT --" hides messages, `R.on_warning(msg)`
+-- (set by init.lua) draws it in the buffer and returns true.
 local function warn_unreachable(err)
-  if R.warned then return end
-  R.warned = true
-  vim.notify(string.format("efim: daemon not reachable at %s (%s); start it with `efim daemon start`",
-    R.socket(), tostring(err)), vim.log.levels.WARN)
+  local msg = string.format("efim: daemon not reachable at %s (%s); start it with `efim daemon start`",
+    R.socket(), tostring(err))
+  if not R.warned then
+    R.warned = true
+    vim.notify(msg, vim.log.levels.WARN)
+  end
+  if not R.noticed and R.on_warning then
+    local ok, drawn = pcall(R.on_warning, msg)
+    R.noticed = ok and drawn or false
+  end
 end
 
 -- A handler's error is one line in :messages, not a stack trace in the user's face.
@@ -73,7 +82,10 @@ local function lost(c, err)
       R.stats.retries = R.stats.retries + 1
       send_entry(e)
     elseif e.handler then
-      run(e.handler, { id = e.id, error = { code = -32000, message = "connection to the daemon lost" } })
+      -- never connected: say so (no socket, refused), not "lost"
+      local why = c.open and "connection to the daemon lost"
+        or string.format("cannot connect to %s (%s)", R.socket(), tostring(err))
+      run(e.handler, { id = e.id, error = { code = -32000, message = why } })
     end
   end
 end
@@ -89,7 +101,7 @@ function R.connect()
       if err then return lost(c, err) end
       if c ~= conn then return end
       c.open = true
-      R.warned = false
+      R.warned, R.noticed = false, false
       R.stats.connects = R.stats.connects + 1
       local out = c.outbox
       c.outbox = {}
