@@ -183,7 +183,7 @@ def daemon_status(as_json):
     click.echo(f"requests     {st['served']} served, {st['errors']} errors, {st['queued']} queued{lat}")
     if req.get("context"):
         c = req["context"]
-        click.echo(f"context      mean {c['mean_tokens']:.0f} tokens (median {c['median_tokens']}), "
+        click.echo(f"context used mean {c['mean_tokens']:.0f} tokens (median {c['median_tokens']}), "
                    f"{c['mean_share']:.0%} of the full plans, {c['reduced']:.0%} reduced by the latency budget")
     for s in st["slots"]:
         click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {(s['path'] if s['tokens'] else '') or '-'}")
