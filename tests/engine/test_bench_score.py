@@ -1,0 +1,53 @@
+"""The context benchmark's scorer: a warm (KV-reusing) score equals a cold token-by-token decode."""
+
+import math
+
+import pytest
+
+from efim_local.bench.score import Scorer, log_softmax
+from efim_local.config import ContextParams
+from efim_local.llama import Batch, Context, Model
+
+
+def cold_logprobs(path, prompt, target):
+    """Decode ``prompt`` and then one target token at a time in a fresh context: the reference."""
+    with Model(path) as m, Context(m, ContextParams(n_ctx_seq=512, n_slots=1, n_threads=1,
+                                                   n_threads_batch=1)) as ctx, Batch(512) as b:
+        for p, t in enumerate(prompt):
+            b.add(t, p, 0, logits=p == len(prompt) - 1)
+        ctx.decode(b)
+        out, row = [], len(prompt) - 1
+        for k, t in enumerate(target):
+            out.append(float(log_softmax(ctx.logits(row))[t]))
+            b.clear()
+            row = b.add(t, len(prompt) + k, 0, logits=True)
+            ctx.decode(b)
+        return out
+
+
+@pytest.mark.parametrize("fixture", ["tiny_model", "tiny_model_swa"])
+def test_warm_scores_equal_a_cold_decode(fixture, request):
+    path = request.getfixturevalue(fixture)
+    head = "import os\n\ndef read(path):\n    with open(path) as f:\n        return f.read()\n\n" * 3
+    with Scorer(path, n_ctx=512, threads=1, n_batch=64) as s:  # batches smaller than the prompts
+        cases = [(head + "def write(path, text):\n    with open(", "path, 'w') as f:"),
+                 (head + "def write(path, text):\n    with open(path", ", 'w') as f:"),  # shares the head
+                 ("x = 1\n", "y = 2"),  # shares nothing
+                 (head + "def write(path, text):\n    with open(", "path, 'w') as f:")]
+        for prompt_text, target_text in cases:
+            prompt, target = s.tokenize(prompt_text), s.tokenize(target_text)
+            warm = s.logprobs(prompt, target)
+            cold = cold_logprobs(path, prompt, target)
+            assert len(warm) == len(target)
+            assert warm == pytest.approx(cold, abs=1e-3)
+            before = s.evaluated
+            assert s.bits(prompt, target) == pytest.approx(-sum(cold) / math.log(2), abs=1e-3)
+            assert s.evaluated - before == len(target) + 1  # the same again: only the last prompt token
+
+
+def test_too_long_or_empty_is_refused(tiny_model):
+    with Scorer(tiny_model, n_ctx=64, threads=1) as s:
+        with pytest.raises(ValueError):
+            s.logprobs([1] * (s.n_ctx - 5), [2] * 10)
+        with pytest.raises(ValueError):
+            s.logprobs([], [2])
