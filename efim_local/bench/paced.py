@@ -14,10 +14,13 @@ for its debounce; an answer that arrives after the next keystroke is stale. This
   llama.vim do); to llama-server ``/infill`` (llama.vim's request shape) the same requests at the
   same moments, a running one cancelled by closing its connection.
 
-Per request: time to first token as the editor sees it, whether it was stale (cancelled, or its
-first token came after the next keystroke), and the context it used. The first token is timed as
-the round trip less the backend's own generation time after its first token, so a first token with
-no visible text (random-weight models) is timed like any other.
+Per request: time to first token as the editor sees it, the first streamed text received at the
+client (efim's ``completion/partial``, ``/infill``'s first ``content``), whether it was stale (no
+text before the next keystroke), and the context it used. ``ttft_derived_ms`` keeps the older
+estimate from the backend's timings (send + ``prompt_ms`` when cancelled, end - ``predict_ms``
+otherwise), which stops at the end of the prefill: it leaves out sampling, text that healing or a
+stop-string hold-back keeps back, IPC, and a cancelled request's queueing. Random-weight models
+must stream text for every token (shape_models.py gives their padding tokens printable text).
 """
 
 from __future__ import annotations
@@ -177,8 +180,10 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
     for f, o in zip(fired, outcomes):
         next_key = t0 + f.next_key_t
         ttft = (o.t_first - o.t_send) * 1e3 if o.t_first else None
-        rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "cancelled": o.cancelled,
-                     "stale": o.cancelled or o.t_first is None or o.t_first > next_key,
+        derived = (o.t_first_derived - o.t_send) * 1e3 if o.t_first_derived else None
+        rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "ttft_derived_ms": derived,
+                     "cancelled": o.cancelled,
+                     "stale": o.t_first is None or o.t_first > next_key,  # no ghost before the next key
                      "evaluated": o.evaluated, "reanchor": o.reanchor, "wait_ms": o.wait_ms,
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
@@ -189,6 +194,7 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
     s = {"backend": name, "requests": len(rows), "answered": len(ttft),
          "stale_frac": sum(r["stale"] for r in rows) / max(1, len(rows)),
          "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95), "ttft_p99_ms": bu.pctl(ttft, 0.99),
+         **_derived(rows),
          "wait_p95_ms": bu.pctl([r["wait_ms"] for r in rows if r["wait_ms"] is not None], 0.95)}
     reasons = [r["reanchor"] for r in rows if r.get("reanchor")]
     if reasons:  # efim's answers that moved their anchor, by reason (auto-pairs must not be among them)
@@ -201,6 +207,12 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
     return s
 
 
+def _derived(rows: list[dict]) -> dict:
+    """The older, derived time to first token, over the requests it exists for."""
+    xs = [r["ttft_derived_ms"] for r in rows if r.get("ttft_derived_ms") is not None]
+    return {"derived_p50_ms": bu.pctl(xs, 0.5), "derived_p95_ms": bu.pctl(xs, 0.95)}
+
+
 @dataclass
 class PacedConfig:
     model: Path
@@ -211,7 +223,7 @@ class PacedConfig:
     max_prompt_ms: float = 0.0  # efim's latency budget (0: off)
     busy: bool = False  # keep one core busy with another process the whole time
     server: Path | None = None  # llama-server binary; None: efim only
-    trace: Path | None = None
+    trace: Path | str | None = None  # a trace's name (trace.TRACES) or path; None: the default
     pacing: Pacing = Pacing()
 
 
@@ -231,7 +243,7 @@ def run(cfg: PacedConfig) -> dict:
     from . import trace as tr
     from .peers import LlamaServer
 
-    commits = tr.load(cfg.trace or tr.DEFAULT_TRACE)
+    commits = tr.load(tr.resolve(cfg.trace))
     st = steps(commits, cfg.pacing)
     fired = requests(st, cfg.pacing, cfg.max_requests)
     st = st[:fired[-1].step + 2] if fired else st
@@ -269,7 +281,8 @@ def run(cfg: PacedConfig) -> dict:
     for s in summary:
         for q in ("p50", "p95"):
             s[f"ttft_{q}_vs_infill"] = base[f"ttft_{q}_ms"] / s[f"ttft_{q}_ms"] if base else float("nan")
-    return {"requests": len(fired), "keystrokes": sum(s.kind in ("key", "over") for s in st),
+    return {"trace": str(cfg.trace or "efim"), "requests": len(fired),
+            "keystrokes": sum(s.kind in ("key", "over") for s in st),
             "auto_pair_keys": sum(s.kind == "over" for s in st) + sum(
                 1 for s in st if s.kind == "key" and s.change and len(s.change[2]) == 2),
             "duration_s": st[-1].t if st else 0, "busy": cfg.busy, "max_prompt_ms": cfg.max_prompt_ms,

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import util as bu
-from . import paced, peers, replay, restore, rounds
+from . import paced, peers, replay, restore, rounds, trace
 
 PARTS = ("paced", "replay", "rounds", "restore")
 
@@ -23,6 +23,7 @@ class SuiteConfig:
     max_requests: int | None = None  # replay requests per backend (default: 12 quick, 200 full)
     max_prompt_ms: float = 0.0  # efim's latency budget in the paced replay (0: off)
     busy: bool = False  # the paced replay with one core kept busy by another process
+    trace: str | None = None  # the edit trace, by name (trace.TRACES) or path; None: the default
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
@@ -43,12 +44,14 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     res: dict = {"model": str(model), "config": {k: str(v) for k, v in asdict(cfg).items()}}
     if "paced" in cfg.parts:
         pc = paced.PacedConfig(model, max_requests=cfg.max_requests or (40 if q else 200), threads=cfg.threads,
-                               max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=cfg.server)
+                               max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=cfg.server,
+                               trace=cfg.trace)
         res["paced"] = paced.run(pc)
         log(_paced_table(res["paced"]))
     if "replay" in cfg.parts:
         rc = replay.ReplayConfig(model, max_requests=cfg.max_requests or (12 if q else 200),
-                                 max_tokens=16 if q else 32, threads=cfg.threads, server=cfg.server)
+                                 max_tokens=16 if q else 32, threads=cfg.threads, server=cfg.server,
+                                 trace=trace.resolve(cfg.trace))
         res["replay"] = replay.run(rc)
         log(_replay_table(res["replay"]))
     if "rounds" in cfg.parts:
@@ -62,7 +65,7 @@ def run(cfg: SuiteConfig, log=print) -> dict:
                                      repeat=1 if q else 3)
         log(bu.table(res["restore"], list(res["restore"][0])) + "\n")
     name = f"bench-{Path(cfg.model).stem if cfg.model not in ('gemma', 'default') else cfg.model}" + \
-        ("-quick" if q else "")
+        ("-quick" if q else "") + (f"-{Path(cfg.trace).name.split('.')[0]}" if cfg.trace else "")
     cfg.out.mkdir(parents=True, exist_ok=True)
     res["json"] = str(bu.save(name, res, cfg.out))
     if "replay" in res or "rounds" in res:
@@ -74,10 +77,12 @@ def run(cfg: SuiteConfig, log=print) -> dict:
 
 def _paced_table(r: dict) -> str:
     head = (f"Paced replay: {r['requests']} requests, {r['keystrokes']} keystrokes ({r['auto_pair_keys']} auto-pair), "
-            f"{r['duration_s']:.0f} s of typing; latency budget {r['max_prompt_ms']:g} ms"
+            f"{r['duration_s']:.0f} s of typing ({r.get('trace', 'efim')} trace); "
+            f"latency budget {r['max_prompt_ms']:g} ms"
             + ("; one core kept busy" if r["busy"] else ""))
     cols = [c for c in ("backend", "requests", "answered", "stale_frac", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
-                        "context_frac_mean", "reduced_frac", "ttft_p50_vs_infill", "ttft_p95_vs_infill")
+                        "derived_p50_ms", "derived_p95_ms", "context_frac_mean", "reduced_frac",
+                        "ttft_p50_vs_infill", "ttft_p95_vs_infill")
             if any(c in s for s in r["summary"])]
     return "\n".join([head, bu.table(r["summary"], cols), *[f"note: {n}" for n in r["notes"]]]) + "\n"
 

@@ -25,9 +25,12 @@ from . import emit, main, user_errors
 @click.option("--max-prompt-ms", type=click.FloatRange(0, 600_000), default=0.0, show_default=True,
               help="efim's latency budget in the paced replay (0: off).")
 @click.option("--busy", is_flag=True, help="Paced replay with one core kept busy by another process.")
+@click.option("--trace", "trace_name", default=None, metavar="NAME|PATH",
+              help="The edit trace: 'efim' (this project's history, the default), 'click' (click 8.1.x "
+                   "releases, files of 3-10k tokens), or a trace file (scripts/make_trace.py).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
 @user_errors
-def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, out, as_json):
+def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, trace_name, out, as_json):
     """Replay real edits through efim (EFIM, FIM) and llama-server (/infill, /completion), then
     the EFIM paper's rounds and the state-restore benchmark, all on one model.
 
@@ -36,11 +39,17 @@ def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy
       make server && efim bench --quick
       efim bench --model default --only replay --json
     """
-    from ..bench import peers, suite
+    from ..bench import peers, suite, trace
+
+    try:
+        trace.resolve(trace_name)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--trace") from None
 
     cfg = suite.SuiteConfig(model=model, quick=quick, parts=tuple(only) or suite.PARTS,
                             server=server or peers.SERVER_BIN, threads=threads, out=out,
-                            max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy)
+                            max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy,
+                            trace=trace_name)
     res = suite.run(cfg, log=(lambda s: None) if as_json else click.echo)
     if as_json:
         drop = ("rows", "full_tokens")
