@@ -220,7 +220,7 @@ class PacedConfig:
     max_tokens: int = 16
     n_ctx: int = 8192
     threads: int = 0
-    max_prompt_ms: float = 0.0  # efim's latency budget (0: off)
+    max_prompt_ms: float | None = 0.0  # efim's latency budget (0: off; None: the config's default)
     busy: bool = False  # keep one core busy with another process the whole time
     server: Path | None = None  # llama-server binary; None: efim only
     trace: Path | str | None = None  # a trace's name (trace.TRACES) or path; None: the default
@@ -251,7 +251,9 @@ def run(cfg: PacedConfig) -> dict:
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if cfg.busy else None
     rows, notes, threads = {}, [], {}
     try:
-        conf = {"max_prompt_ms": cfg.max_prompt_ms, "max_tokens": cfg.max_tokens}
+        conf = {"max_tokens": cfg.max_tokens}
+        if cfg.max_prompt_ms is not None:  # None: the config's default budget
+            conf["max_prompt_ms"] = cfg.max_prompt_ms
         proc, sock = bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx),
                                      "--threads", str(cfg.threads), config=conf)
         time.sleep(2.0)  # the daemon measures its prefill speed when idle after start
