@@ -10,6 +10,9 @@ after the context of:
   slot is trimmed around the cursor);
 - ``llama.vim``: llama.vim's window, 256 lines before the cursor's line and 64 after.
 
+Every request efim planned is scored (``planned``: a request the next key cancelled during its
+prefill has a plan too), and separately those whose ghost came before the next key (``shown``).
+
 The texts of a plan are rebuilt from its token counts: the last ``prefix + middle`` tokens of the
 text before the cursor, the first ``suffix`` tokens after it (by the replay model's tokenizer),
 then tokenized by the scorer. ``form="left"`` scores after the left context only (gemma3-270m was
@@ -194,19 +197,26 @@ def run(cfg: ContextConfig) -> dict:
                     ctx_tokens[k].append(len(p))
                 chars.append(len(target))
                 kept.append({"t": row["t"], "path": f.path, "target": target, "reduced": row.get("context_reduced"),
+                             "shown": not row["stale"],
                              **{f"bits_{k}": bits[k][-1] for k in CONDITIONS},
                              **{f"tokens_{k}": ctx_tokens[k][-1] for k in CONDITIONS}})
             evaluated = scorer.evaluated
     finally:
         texts.close()
-    stats = bootstrap(bits, chars, cfg.n_boot) if chars else {"bpc": {}, "diff": {}}
-    summary = [{"context": k, "requests": len(chars), "tokens_mean": bu.mean(ctx_tokens[k]),
-                "tokens_p50": bu.pctl(ctx_tokens[k], 0.5), "bpc": stats["bpc"][k]["mean"],
-                "ci95_lo": stats["bpc"][k]["ci95"][0], "ci95_hi": stats["bpc"][k]["ci95"][1]}
-               for k in CONDITIONS if chars]
-    diffs = [{"pair": k, "bpc_diff": v["mean"], "ci95_lo": v["ci95"][0], "ci95_hi": v["ci95"][1],
-              "rel_pct": 100 * v["rel"], "rel_ci95_lo_pct": 100 * v["rel_ci95"][0],
-              "rel_ci95_hi_pct": 100 * v["rel_ci95"][1]} for k, v in stats["diff"].items()]
+    summary, diffs = [], []
+    subsets = {"planned": list(range(len(chars))), "shown": [i for i, r in enumerate(kept) if r["shown"]]}
+    for name, idx in subsets.items():
+        if not idx:
+            continue
+        sub = lambda xs, idx=idx: [xs[i] for i in idx]
+        stats = bootstrap({k: sub(v) for k, v in bits.items()}, sub(chars), cfg.n_boot)
+        summary += [{"requests": name, "n": len(idx), "context": k, "tokens_mean": bu.mean(sub(ctx_tokens[k])),
+                     "tokens_p50": bu.pctl(sub(ctx_tokens[k]), 0.5), "bpc": stats["bpc"][k]["mean"],
+                     "ci95_lo": stats["bpc"][k]["ci95"][0], "ci95_hi": stats["bpc"][k]["ci95"][1]}
+                    for k in CONDITIONS]
+        diffs += [{"requests": name, "pair": k, "bpc_diff": v["mean"], "ci95_lo": v["ci95"][0],
+                   "ci95_hi": v["ci95"][1], "rel_pct": 100 * v["rel"], "rel_ci95_lo_pct": 100 * v["rel_ci95"][0],
+                   "rel_ci95_hi_pct": 100 * v["rel_ci95"][1]} for k, v in stats["diff"].items()]
     return {"trace": str(cfg.trace or "efim"), "model": str(cfg.model), "scorer": str(scorer_path),
             "form": cfg.form, "max_prompt_ms": cfg.max_prompt_ms, "requests": len(fired),
             "scored": len(chars), "chars": sum(chars), "scorer_tokens_evaluated": evaluated,

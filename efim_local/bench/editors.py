@@ -82,10 +82,11 @@ class EfimEditor:
                                           "max_tokens": self.max_tokens, "stream": True}, on_notification=on_partial)
             except Cancelled as e:  # superseded; it says how far it got if it had started generating
                 out.cancelled = True
-                if isinstance(e.data, dict) and "timings" in e.data:
-                    out.t_first_derived = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
-                    out.evaluated = e.data["tokens"]["evaluated"]
+                if isinstance(e.data, dict):  # its plan, if it had one; its prefill, if it had finished it
                     out.context, out.reanchor = e.data.get("context", {}), e.data.get("reanchor")
+                    if "timings" in e.data:
+                        out.t_first_derived = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
+                        out.evaluated = e.data["tokens"]["evaluated"]
                 return
             finally:
                 self.running.pop(threading.get_ident(), None)

@@ -202,7 +202,10 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
     if full_tokens and any("context_prefix_tokens" in r for r in rows):
         fr = [(r["context_prefix_tokens"] + r["context_suffix_tokens"]) / max(1, full)
                for r, full in zip(rows, full_tokens) if "context_prefix_tokens" in r]
-        s["context_frac_mean"] = bu.mean([min(1.0, x) for x in fr])
+        s["context_frac_mean"] = bu.mean([min(1.0, x) for x in fr])  # every request that was planned
+        shown = [min(1.0, (r["context_prefix_tokens"] + r["context_suffix_tokens"]) / max(1, full))
+                 for r, full in zip(rows, full_tokens) if "context_prefix_tokens" in r and not r["stale"]]
+        s["context_frac_shown"] = bu.mean(shown)  # the requests whose ghost came before the next key
         s["reduced_frac"] = sum(bool(r.get("context_reduced")) for r in rows) / max(1, len(fr))
     return s
 

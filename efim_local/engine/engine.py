@@ -208,8 +208,8 @@ class Engine:
                            on_text=on_text, should_stop=should_stop, heal=heal, chunk=chunk, idle=idle,
                            closers=plan.closers, yield_to=yield_to)
         except Cancelled as e:
-            if isinstance(e.data, dict):  # cancelled while generating: say what it answered from
-                e.data.update(context=context, reanchor=plan.reanchor)
+            # Say what it planned (benchmarks score it), and how far it got if it was generating.
+            e.data = {**(e.data if isinstance(e.data, dict) else {}), "context": context, "reanchor": plan.reanchor}
             raise
         out.timings.plan_ms = plan_ms
         out.layout = plan.layout
