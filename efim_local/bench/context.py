@@ -178,13 +178,18 @@ def run(cfg: ContextConfig) -> dict:
     bits: dict[str, list[float]] = {k: [] for k in CONDITIONS}
     ctx_tokens: dict[str, list[int]] = {k: [] for k in CONDITIONS}
     chars, kept = [], []
+    skipped = {"nothing typed on the line": 0, "no plan": 0}
     try:
         with Scorer(scorer_path, n_ctx=8192, threads=cfg.threads) as scorer:
             limit = scorer.n_ctx - cfg.max_chars * 2
             for f, row in tqdm(list(zip(fired, rows)), desc="scoring", leave=False):
                 target = typed_next(st, f.step, cfg.max_chars)
-                if not target.strip() or "context_prefix_tokens" not in row:
-                    continue  # nothing typed on this line, or the request ended before its plan was known
+                if not target.strip():
+                    skipped["nothing typed on the line"] += 1
+                    continue
+                if "context_prefix_tokens" not in row:  # superseded while queued, or the daemon did not say
+                    skipped["no plan"] += 1
+                    continue
                 used = (row["context_prefix_tokens"] + row.get("context_middle_tokens", 0),
                         row["context_suffix_tokens"])
                 sides = {"used": texts.texts(f.doc, f.cursor, *used),
@@ -219,14 +224,15 @@ def run(cfg: ContextConfig) -> dict:
                    "rel_ci95_hi_pct": 100 * v["rel_ci95"][1]} for k, v in stats["diff"].items()]
     return {"trace": str(cfg.trace or "efim"), "model": str(cfg.model), "scorer": str(scorer_path),
             "form": cfg.form, "max_prompt_ms": cfg.max_prompt_ms, "requests": len(fired),
-            "scored": len(chars), "chars": sum(chars), "scorer_tokens_evaluated": evaluated,
+            "scored": len(chars), "skipped": skipped, "chars": sum(chars), "scorer_tokens_evaluated": evaluated,
             "summary": summary, "diffs": diffs, "paced": [s for s in replay["summary"]], "rows": kept}
 
 
 def table(r: dict) -> str:
     """The context part's tables, as ``efim bench`` prints them."""
     head = (f"Context quality: {r['scored']} of {r['requests']} requests scored ({r['chars']} characters typed "
-            f"next), {r['trace']} trace, scorer {Path(r['scorer']).name}, form {r['form']}, "
+            f"next; not scored: {', '.join(f'{v} {k}' for k, v in r['skipped'].items())}), "
+            f"{r['trace']} trace, scorer {Path(r['scorer']).name}, form {r['form']}, "
             f"budget {'default' if r['max_prompt_ms'] is None else r['max_prompt_ms']}")
     if not r["summary"]:
         return head + "\n(no request to score)\n"
