@@ -112,7 +112,7 @@ class Texts:
     def texts(self, doc: str, cursor: int, left: int, right: int) -> tuple[str, str]:
         lt = self.model.tokenize(doc[:cursor])
         rt = self.model.tokenize(doc[cursor:])
-        return (self.model.detokenize(lt[len(lt) - left:]) if left else "",
+        return (self.model.detokenize(lt[max(0, len(lt) - left):]) if left else "",
                 self.model.detokenize(rt[:right]) if right else "")
 
 
