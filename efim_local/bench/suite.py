@@ -92,7 +92,8 @@ def _paced_table(r: dict) -> str:
             f"latency budget {_budget(r['max_prompt_ms'])}"
             + ("; one core kept busy" if r["busy"] else ""))
     cols = [c for c in ("backend", "requests", "answered", "stale_frac", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
-                        "derived_p50_ms", "derived_p95_ms", "context_frac_mean", "context_frac_shown", "reduced_frac",
+                        "derived_p50_ms", "derived_p95_ms", "text_after_prefill_p50_ms", "text_after_prefill_p95_ms",
+                        "context_frac_mean", "context_frac_shown", "reduced_frac",
                         "ttft_p50_vs_infill", "ttft_p95_vs_infill")
             if any(c in s for s in r["summary"])]
     return "\n".join([head, bu.table(r["summary"], cols), *[f"note: {n}" for n in r["notes"]]]) + "\n"
