@@ -125,6 +125,8 @@ def prompt_tokens(scorer, left: str, right: str, form: str, limit: int) -> list[
         lt = lt[max(0, len(lt) - (limit - len(m.bos))):]
         return [*m.bos, *lt] if (m.bos or lt) else [*scorer.tokenize("\n")]
     fim = m.fim_ids()
+    if not {"pre", "suf", "mid"} <= set(fim):
+        raise ValueError(f"the scorer {m.path.name} has no FIM tokens: use form='left'")
     rt = scorer.tokenize(right)
     room = limit - len(m.bos) - 3
     while len(lt) + len(rt) > room:  # the farther text goes first

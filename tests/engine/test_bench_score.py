@@ -51,3 +51,19 @@ def test_too_long_or_empty_is_refused(tiny_model):
             s.logprobs([1] * (s.n_ctx - 5), [2] * 10)
         with pytest.raises(ValueError):
             s.logprobs([], [2])
+
+
+def test_fim_form_puts_both_sides_in_the_scorers_fim_tokens(tiny_model, tiny_model_nofim):
+    from efim_local.bench.context import prompt_tokens
+
+    with Scorer(tiny_model, n_ctx=256, threads=1) as s:
+        fim = s.model.fim_ids()
+        left, right = "def f(x):\n    return " * 20, "\n\nprint(f(2))\n" * 20
+        p = prompt_tokens(s, left, right, "fim", 100)
+        assert len(p) <= 100 and p[len(s.model.bos)] == fim["pre"] and p[-1] == fim["mid"]
+        i = p.index(fim["suf"])
+        assert s.model.detokenize(p[len(s.model.bos) + 1:i]) in left  # the far ends were cut
+        assert s.model.detokenize(p[i + 1:-1]) in right
+        assert prompt_tokens(s, left, right, "left", 100)[-5:] == s.tokenize(left)[-5:]
+    with Scorer(tiny_model_nofim, n_ctx=256, threads=1) as s, pytest.raises(ValueError, match="no FIM"):
+        prompt_tokens(s, left, right, "fim", 100)
