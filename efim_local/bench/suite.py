@@ -25,6 +25,7 @@ class SuiteConfig:
     max_prompt_ms: float | None = None  # efim's latency budget in paced replays (0: off; None: the config's)
     busy: bool = False  # the paced replay with one core kept busy by another process
     trace: str | None = None  # the edit trace, by name (trace.TRACES) or path; None: the default
+    n_ctx: int | None = None  # tokens per slot in the paced and context parts; None: 8192 paced, 4096 context
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
@@ -46,13 +47,13 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     if "paced" in cfg.parts:
         pc = paced.PacedConfig(model, max_requests=cfg.max_requests or (40 if q else 200), threads=cfg.threads,
                                max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=cfg.server,
-                               trace=cfg.trace)
+                               trace=cfg.trace, n_ctx=cfg.n_ctx or 8192)
         res["paced"] = paced.run(pc)
         log(_paced_table(res["paced"]))
     if "context" in cfg.parts:
         cc = context.ContextConfig(model, trace=cfg.trace, max_requests=cfg.max_requests or (40 if q else 200),
                                    threads=cfg.threads or 1, max_prompt_ms=cfg.max_prompt_ms,
-                                   n_boot=500 if q else 2000)
+                                   n_boot=500 if q else 2000, n_ctx=cfg.n_ctx or 4096)
         res["context"] = context.run(cc)
         log(context.table(res["context"]))
     if "replay" in cfg.parts:

@@ -27,12 +27,16 @@ from . import emit, main, user_errors
 @click.option("--max-prompt-ms", type=click.FloatRange(0, 600_000), default=None,
               help="efim's latency budget in the paced replays (0: off; default: the config's, 300 ms).")
 @click.option("--busy", is_flag=True, help="Paced replay with one core kept busy by another process.")
+@click.option("--n-ctx", type=click.IntRange(256, 1 << 20), default=None,
+              help="Tokens per slot (efim) and of llama-server's context in the paced and context parts "
+                   "(default: 8192 paced, 4096 context, the daemon's default).")
 @click.option("--trace", "trace_name", default=None, metavar="NAME|PATH",
               help="The edit trace: 'efim' (this project's history, the default), 'click' (click 8.1.x "
                    "releases, files of 3-10k tokens), or a trace file (scripts/make_trace.py).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
 @user_errors
-def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, trace_name, out, as_json):
+def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, n_ctx, trace_name, out,
+          as_json):
     """Replay real edits through efim (EFIM, FIM) and llama-server (/infill, /completion), then
     the EFIM paper's rounds and the state-restore benchmark, all on one model.
 
@@ -51,7 +55,7 @@ def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy
     cfg = suite.SuiteConfig(model=model, quick=quick, parts=tuple(only) or suite.PARTS,
                             server=server or peers.SERVER_BIN, threads=threads, out=out,
                             max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy,
-                            trace=trace_name)
+                            trace=trace_name, n_ctx=n_ctx)
     res = suite.run(cfg, log=(lambda s: None) if as_json else click.echo)
     if as_json:
         drop = ("rows", "full_tokens")
