@@ -182,7 +182,8 @@ def run(cfg: ContextConfig) -> dict:
     chars, kept = [], []
     skipped = {"nothing typed on the line": 0, "no plan": 0}
     try:
-        with Scorer(scorer_path, n_ctx=8192, threads=cfg.threads) as scorer:
+        # A sequence per context kind, so each reuses its own previous prompt.
+        with Scorer(scorer_path, n_ctx=6144, threads=cfg.threads, n_seqs=len(CONDITIONS)) as scorer:
             limit = scorer.n_ctx - cfg.max_chars * 2
             for f, row in tqdm(list(zip(fired, rows)), desc="scoring", leave=False):
                 target = typed_next(st, f.step, cfg.max_chars)
@@ -198,9 +199,9 @@ def run(cfg: ContextConfig) -> dict:
                          "full": texts.texts(f.doc, f.cursor, *texts.counts_full(f.doc, f.cursor)),
                          "llama.vim": vim_window(f.doc, f.cursor)}
                 tt = scorer.tokenize(target)
-                for k in CONDITIONS:
+                for sid, k in enumerate(CONDITIONS):
                     p = prompt_tokens(scorer, *sides[k], cfg.form, limit)
-                    bits[k].append(scorer.bits(p, tt))
+                    bits[k].append(scorer.bits(p, tt, sid))
                     ctx_tokens[k].append(len(p))
                 chars.append(len(target))
                 kept.append({"t": row["t"], "path": f.path, "target": target, "reduced": row.get("context_reduced"),

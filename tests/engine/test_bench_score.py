@@ -45,6 +45,20 @@ def test_warm_scores_equal_a_cold_decode(fixture, request):
             assert s.evaluated - before == len(target) + 1  # the same again: only the last prompt token
 
 
+def test_sequences_keep_their_own_cells(tiny_model_swa):
+    """Two kinds of prompts alternate, each in its sequence: each reuses its own previous prompt."""
+    head = "import os\n\ndef read(path):\n    with open(path) as f:\n        return f.read()\n\n" * 3
+    with Scorer(tiny_model_swa, n_ctx=512, threads=1, n_seqs=2) as s:
+        a, b = s.tokenize(head + "def a("), s.tokenize("x = 1\n" * 20 + "y =")
+        t = s.tokenize(" path):")
+        first = [s.logprobs(a, t, 0), s.logprobs(b, t, 1)]
+        before = s.evaluated
+        again = [s.logprobs(a, t, 0), s.logprobs(b, t, 1)]
+        assert s.evaluated - before == 2 * (len(t) + 1)
+        assert again == first and first[0] == pytest.approx(cold_logprobs(tiny_model_swa, a, t), abs=1e-3)
+        assert first[1] == pytest.approx(cold_logprobs(tiny_model_swa, b, t), abs=1e-3)
+
+
 def test_too_long_or_empty_is_refused(tiny_model):
     with Scorer(tiny_model, n_ctx=64, threads=1) as s:
         with pytest.raises(ValueError):
