@@ -44,7 +44,8 @@ class ContextConfig:
     trace: str | Path | None = None
     max_requests: int = 200
     n_ctx: int = 4096  # efim's slot, as the default config
-    threads: int = 1
+    threads: int = 0  # the daemon's (0: its default, the free cores)
+    scorer_threads: int = 1
     max_prompt_ms: float | None = None  # efim's latency budget; None: the config's default
     max_chars: int = 32
     form: str = "left"  # "left" | "fim"
@@ -183,7 +184,7 @@ def run(cfg: ContextConfig) -> dict:
     skipped = {"nothing typed on the line": 0, "no plan": 0}
     try:
         # A sequence per context kind, so each reuses its own previous prompt.
-        with Scorer(scorer_path, n_ctx=6144, threads=cfg.threads, n_seqs=len(CONDITIONS)) as scorer:
+        with Scorer(scorer_path, n_ctx=6144, threads=cfg.scorer_threads, n_seqs=len(CONDITIONS)) as scorer:
             limit = scorer.n_ctx - cfg.max_chars * 2
             for f, row in tqdm(list(zip(fired, rows)), desc="scoring", leave=False):
                 target = typed_next(st, f.step, cfg.max_chars)

@@ -3,6 +3,7 @@ model, with a table, a JSON file and a PNG chart."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def run(cfg: SuiteConfig, log=print) -> dict:
         log(_paced_table(res["paced"]))
     if "context" in cfg.parts:
         cc = context.ContextConfig(model, trace=cfg.trace, max_requests=cfg.max_requests or (40 if q else 200),
-                                   threads=cfg.threads or 1, max_prompt_ms=cfg.max_prompt_ms,
+                                   threads=cfg.threads, scorer_threads=cfg.threads or os.cpu_count() or 1,
+                                   max_prompt_ms=cfg.max_prompt_ms,
                                    n_boot=500 if q else 2000, n_ctx=cfg.n_ctx or 4096)
         res["context"] = context.run(cc)
         log(context.table(res["context"]))
