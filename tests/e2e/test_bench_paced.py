@@ -15,11 +15,9 @@ def test_paced_replay_times_the_first_text_at_the_client(tiny_model):
     for name, rows in res["rows"].items():
         shown = [r for r in rows if r["ttft_ms"] is not None]
         assert shown, name
-        for r in shown:
-            if r["ttft_derived_ms"] is not None:  # the first text comes after the prefill ends
-                assert r["ttft_ms"] >= r["ttft_derived_ms"] - 5, (name, r)
-        assert all(r["stale"] == (r["ttft_ms"] is None or r["ttft_ms"] / 1e3 > 60) or r["ttft_ms"] is not None
-                   for r in rows)
+        assert all(r["stale"] for r in rows if r["ttft_ms"] is None)  # no text, no ghost
+        if name == "efim":  # its first text comes after its prefill ends (the derived estimate)
+            assert all(r["ttft_ms"] >= r["ttft_derived_ms"] - 2 for r in shown if r["ttft_derived_ms"] is not None)
     s = {x["backend"]: x for x in res["summary"]}
     assert "derived_p95_ms" in s["efim"] and s["efim"]["context_frac_mean"] > 0
     efim_rows = res["rows"]["efim"]
