@@ -13,8 +13,9 @@ after the context of:
 Every request efim planned is scored (``planned``: a request the next key cancelled during its
 prefill has a plan too), and separately those whose ghost came before the next key (``shown``).
 
-The texts of a plan are rebuilt from its token counts: the last ``prefix + middle`` tokens of the
-text before the cursor, the first ``suffix`` tokens after it (by the replay model's tokenizer),
+The texts of a plan are rebuilt from its token counts: the ``head`` tokens a reduced plan keeps from
+the file's top, then the rest of its ``prefix + middle`` tokens nearest the cursor, and the first
+``suffix`` tokens after it (by the replay model's tokenizer),
 then tokenized by the scorer. ``form="left"`` scores after the left context only (gemma3-270m was
 not trained to fill in the middle: a suffix before the cursor is noise to it); ``form="fim"``
 puts both sides in the scorer's own FIM tokens (PRE left SUF right MID) for a FIM model. The result:
@@ -110,10 +111,13 @@ class Texts:
         plan = self.planner.plan(FileSession(layout="efim"), doc, cursor, "efim", reserve=self.reserve)
         return len(plan.prefix_tokens) + len(plan.middle_tokens), len(plan.suffix_tokens)
 
-    def texts(self, doc: str, cursor: int, left: int, right: int) -> tuple[str, str]:
+    def texts(self, doc: str, cursor: int, left: int, right: int, head: int = 0) -> tuple[str, str]:
+        """The left text: ``head`` tokens from the file's top (a reduced plan keeps the cached ones),
+        then the rest of ``left`` nearest the cursor; the right text: ``right`` tokens after it."""
         lt = self.model.tokenize(doc[:cursor])
         rt = self.model.tokenize(doc[cursor:])
-        return (self.model.detokenize(lt[max(0, len(lt) - left):]) if left else "",
+        tail = max(head, len(lt) - (left - head))
+        return (self.model.detokenize(lt[:head] + lt[tail:]) if left else "",
                 self.model.detokenize(rt[:right]) if right else "")
 
 
@@ -196,7 +200,7 @@ def run(cfg: ContextConfig) -> dict:
                     continue
                 used = (row["context_prefix_tokens"] + row.get("context_middle_tokens", 0),
                         row["context_suffix_tokens"])
-                sides = {"used": texts.texts(f.doc, f.cursor, *used),
+                sides = {"used": texts.texts(f.doc, f.cursor, *used, row.get("context_head_tokens", 0)),
                          "full": texts.texts(f.doc, f.cursor, *texts.counts_full(f.doc, f.cursor)),
                          "llama.vim": vim_window(f.doc, f.cursor)}
                 tt = scorer.tokenize(target)

@@ -200,7 +200,8 @@ class Engine:
             tokens = tokens[:cut] + tokens[cut + 1:]
         plan_ms = (time.perf_counter() - t0) * 1e3
         context = {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
-                   "middle_tokens": len(plan.middle_tokens), "reduced": plan.reduced}
+                   "middle_tokens": len(plan.middle_tokens), "reduced": plan.reduced,
+                   "head_tokens": self.session(req.path).anchor.head}  # of the prefix: the file's top, kept
         if plan.closers:
             context["closers"] = plan.closers
         try:

@@ -81,3 +81,22 @@ def test_fim_form_puts_both_sides_in_the_scorers_fim_tokens(tiny_model, tiny_mod
         assert prompt_tokens(s, left, right, "left", 100)[-5:] == s.tokenize(left)[-5:]
     with Scorer(tiny_model_nofim, n_ctx=256, threads=1) as s, pytest.raises(ValueError, match="no FIM"):
         prompt_tokens(s, left, right, "fim", 100)
+
+
+def test_a_plans_texts_are_rebuilt_from_its_counts(tiny_model):
+    from efim_local.bench.context import Texts
+
+    doc = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(200))
+    cursor = doc.index("def f150")
+    t = Texts(tiny_model, 4096)
+    try:
+        lt, rt = t.model.tokenize(doc[:cursor]), t.model.tokenize(doc[cursor:])
+        left, right = t.texts(doc, cursor, 300, 50, head=100)  # a reduced plan: 100 from the top, 200 near
+        assert left == t.model.detokenize(lt[:100]) + t.model.detokenize(lt[-200:])
+        assert right == t.model.detokenize(rt[:50]) and doc.startswith(left[:200])
+        assert t.texts(doc, cursor, 300, 0) == (t.model.detokenize(lt[-300:]), "")
+        assert t.texts(doc, cursor, len(lt) + 5, 0, head=50)[0] == doc[:cursor]  # more than there is: all
+        full_left, full_right = t.counts_full(doc, cursor)
+        assert full_left + full_right <= 4096 and full_left >= 0.9 * len(lt)
+    finally:
+        t.close()
