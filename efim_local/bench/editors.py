@@ -48,8 +48,13 @@ def _position(doc: str, offset: int) -> dict:
 
 @dataclass
 class Outcome:
+    """What the editor saw of one request: ``t_first`` is when the first streamed text arrived at the
+    client (None: no text before the answer ended or was cancelled); ``t_first_derived`` is the older
+    estimate from the backend's own timings (the end of its prefill), kept for comparison."""
+
     t_send: float
     t_first: float | None = None
+    t_first_derived: float | None = None
     t_done: float | None = None
     cancelled: bool = False
     context: dict = field(default_factory=dict)
@@ -89,23 +94,28 @@ class EfimEditor:
         from ..daemon.client import Client
         from ..errors import Cancelled
 
+        def on_partial(msg: dict) -> None:
+            if out.t_first is None and msg.get("method") == "completion/partial" and msg["params"].get("text"):
+                out.t_first = time.perf_counter()
+
         with Client(self.sock, timeout=600) as c:
             self.running[threading.get_ident()] = c
             try:
                 res = c.call("complete", {"path": req.path, "position": _position(req.doc, req.cursor),
-                                          "max_tokens": self.max_tokens, "stream": True})
+                                          "max_tokens": self.max_tokens, "stream": True}, on_notification=on_partial)
             except Cancelled as e:  # superseded; it says how far it got if it had started generating
                 out.cancelled = True
-                if isinstance(e.data, dict) and "timings" in e.data:
-                    out.t_first = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
-                    out.evaluated = e.data["tokens"]["evaluated"]
+                if isinstance(e.data, dict):  # its plan, if it had one; its prefill, if it had finished it
                     out.context, out.reanchor = e.data.get("context", {}), e.data.get("reanchor")
+                    if "timings" in e.data:
+                        out.t_first_derived = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
+                        out.evaluated = e.data["tokens"]["evaluated"]
                 return
             finally:
                 self.running.pop(threading.get_ident(), None)
         out.t_done = time.perf_counter()
         tm = res["timings"]
-        out.t_first = out.t_done - tm["predict_ms"] / 1e3
+        out.t_first_derived = out.t_done - tm["predict_ms"] / 1e3
         out.wait_ms = (out.t_done - out.t_send) * 1e3 - tm["total_ms"]
         out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
 
@@ -151,6 +161,8 @@ class InfillEditor:
                 if not raw.startswith(b"data: "):
                     continue
                 msg = json.loads(raw[6:])
+                if out.t_first is None and msg.get("content"):
+                    out.t_first = time.perf_counter()
                 if msg.get("stop"):
                     timings = msg.get("timings", {})
                     break
@@ -159,7 +171,7 @@ class InfillEditor:
                 return
             out.t_done = time.perf_counter()
             out.evaluated = timings.get("prompt_n")
-            out.t_first = out.t_done - timings.get("predicted_ms", 0.0) / 1e3
+            out.t_first_derived = out.t_done - timings.get("predicted_ms", 0.0) / 1e3
             out.wait_ms = (out.t_done - out.t_send) * 1e3 - timings.get("prompt_ms", 0) - timings.get("predicted_ms", 0)
         except (OSError, http.client.HTTPException, ValueError):
             out.cancelled = True

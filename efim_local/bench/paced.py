@@ -14,10 +14,13 @@ for its debounce; an answer that arrives after the next keystroke is stale. This
   llama.vim do); to llama-server ``/infill`` (llama.vim's request shape) the same requests at the
   same moments, a running one cancelled by closing its connection.
 
-Per request: time to first token as the editor sees it, whether it was stale (cancelled, or its
-first token came after the next keystroke), and the context it used. The first token is timed as
-the round trip less the backend's own generation time after its first token, so a first token with
-no visible text (random-weight models) is timed like any other.
+Per request: time to first token as the editor sees it, the first streamed text received at the
+client (efim's ``completion/partial``, ``/infill``'s first ``content``), whether it was stale (no
+text before the next keystroke), and the context it used. ``ttft_derived_ms`` keeps the older
+estimate from the backend's timings (send + ``prompt_ms`` when cancelled, end - ``predict_ms``
+otherwise), which stops at the end of the prefill: it leaves out sampling, text that healing or a
+stop-string hold-back keeps back, IPC, and a cancelled request's queueing. Random-weight models
+must stream text for every token (shape_models.py gives their padding tokens printable text).
 """
 
 from __future__ import annotations
@@ -153,8 +156,10 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
     for f, o in zip(fired, outcomes):
         next_key = t0 + f.next_key_t
         ttft = (o.t_first - o.t_send) * 1e3 if o.t_first else None
-        rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "cancelled": o.cancelled,
-                     "stale": o.cancelled or o.t_first is None or o.t_first > next_key,
+        derived = (o.t_first_derived - o.t_send) * 1e3 if o.t_first_derived else None
+        rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "ttft_derived_ms": derived,
+                     "cancelled": o.cancelled,
+                     "stale": o.t_first is None or o.t_first > next_key,  # no ghost before the next key
                      "evaluated": o.evaluated, "reanchor": o.reanchor, "wait_ms": o.wait_ms,
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
@@ -165,6 +170,7 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
     s = {"backend": name, "requests": len(rows), "answered": len(ttft),
          "stale_frac": sum(r["stale"] for r in rows) / max(1, len(rows)),
          "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95), "ttft_p99_ms": bu.pctl(ttft, 0.99),
+         **_derived(rows),
          "wait_p95_ms": bu.pctl([r["wait_ms"] for r in rows if r["wait_ms"] is not None], 0.95)}
     reasons = [r["reanchor"] for r in rows if r.get("reanchor")]
     if reasons:  # efim's answers that moved their anchor, by reason (auto-pairs must not be among them)
@@ -172,9 +178,22 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
     if full_tokens and any("context_prefix_tokens" in r for r in rows):
         fr = [(r["context_prefix_tokens"] + r["context_suffix_tokens"]) / max(1, full)
                for r, full in zip(rows, full_tokens) if "context_prefix_tokens" in r]
-        s["context_frac_mean"] = bu.mean([min(1.0, x) for x in fr])
+        s["context_frac_mean"] = bu.mean([min(1.0, x) for x in fr])  # every request that was planned
+        shown = [min(1.0, (r["context_prefix_tokens"] + r["context_suffix_tokens"]) / max(1, full))
+                 for r, full in zip(rows, full_tokens) if "context_prefix_tokens" in r and not r["stale"]]
+        s["context_frac_shown"] = bu.mean(shown)  # the requests whose ghost came before the next key
         s["reduced_frac"] = sum(bool(r.get("context_reduced")) for r in rows) / max(1, len(fr))
     return s
+
+
+def _derived(rows: list[dict]) -> dict:
+    """The older, derived time to first token, over the requests it exists for."""
+    xs = [r["ttft_derived_ms"] for r in rows if r.get("ttft_derived_ms") is not None]
+    # Per request with both: how long after the end of its prefill its first text reached the client.
+    gap = [r["ttft_ms"] - r["ttft_derived_ms"] for r in rows
+           if r.get("ttft_derived_ms") is not None and r["ttft_ms"] is not None]
+    return {"derived_p50_ms": bu.pctl(xs, 0.5), "derived_p95_ms": bu.pctl(xs, 0.95),
+            "text_after_prefill_p50_ms": bu.pctl(gap, 0.5), "text_after_prefill_p95_ms": bu.pctl(gap, 0.95)}
 
 
 @dataclass
@@ -184,10 +203,10 @@ class PacedConfig:
     max_tokens: int = 16
     n_ctx: int = 8192
     threads: int = 0
-    max_prompt_ms: float = 0.0  # efim's latency budget (0: off)
+    max_prompt_ms: float | None = 0.0  # efim's latency budget (0: off; None: the config's default)
     busy: bool = False  # keep one core busy with another process the whole time
     server: Path | None = None  # llama-server binary; None: efim only
-    trace: Path | None = None
+    trace: Path | str | None = None  # a trace's name (trace.TRACES) or path; None: the default
     pacing: Pacing = Pacing()
 
 
@@ -207,7 +226,7 @@ def run(cfg: PacedConfig) -> dict:
     from . import trace as tr
     from .peers import LlamaServer
 
-    commits = tr.load(cfg.trace or tr.DEFAULT_TRACE)
+    commits = tr.load(tr.resolve(cfg.trace))
     st = steps(commits, cfg.pacing)
     fired = requests(st, cfg.pacing, cfg.max_requests)
     st = st[:fired[-1].step + 2] if fired else st
@@ -215,7 +234,9 @@ def run(cfg: PacedConfig) -> dict:
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if cfg.busy else None
     rows, notes, threads = {}, [], {}
     try:
-        conf = {"max_prompt_ms": cfg.max_prompt_ms, "max_tokens": cfg.max_tokens}
+        conf = {"max_tokens": cfg.max_tokens}
+        if cfg.max_prompt_ms is not None:  # None: the config's default budget
+            conf["max_prompt_ms"] = cfg.max_prompt_ms
         proc, sock = bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx),
                                      "--threads", str(cfg.threads), config=conf)
         time.sleep(2.0)  # the daemon measures its prefill speed when idle after start
@@ -245,7 +266,8 @@ def run(cfg: PacedConfig) -> dict:
     for s in summary:
         for q in ("p50", "p95"):
             s[f"ttft_{q}_vs_infill"] = base[f"ttft_{q}_ms"] / s[f"ttft_{q}_ms"] if base else float("nan")
-    return {"requests": len(fired), "keystrokes": sum(s.kind in ("key", "over") for s in st),
+    return {"trace": str(cfg.trace or "efim"), "requests": len(fired),
+            "keystrokes": sum(s.kind in ("key", "over") for s in st),
             "auto_pair_keys": sum(s.kind == "over" for s in st) + sum(
                 1 for s in st if s.kind == "key" and s.change and len(s.change[2]) == 2),
             "duration_s": st[-1].t if st else 0, "busy": cfg.busy, "max_prompt_ms": cfg.max_prompt_ms,

@@ -3,13 +3,15 @@ model, with a table, a JSON file and a PNG chart."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import util as bu
-from . import paced, peers, replay, restore, rounds
+from . import context, paced, peers, replay, restore, rounds, trace
 
-PARTS = ("paced", "replay", "rounds", "restore")
+PARTS = ("paced", "replay", "rounds", "restore")  # what a plain `efim bench` runs
+EXTRA_PARTS = ("context",)  # only when asked for (--only context): a paced replay, then scoring
 
 
 @dataclass
@@ -21,8 +23,10 @@ class SuiteConfig:
     threads: int = 0
     out: Path = Path("bench-results")
     max_requests: int | None = None  # replay requests per backend (default: 12 quick, 200 full)
-    max_prompt_ms: float = 0.0  # efim's latency budget in the paced replay (0: off)
+    max_prompt_ms: float | None = None  # efim's latency budget in paced replays (0: off; None: the config's)
     busy: bool = False  # the paced replay with one core kept busy by another process
+    trace: str | None = None  # the edit trace, by name (trace.TRACES) or path; None: the default
+    n_ctx: int | None = None  # tokens per slot in the paced and context parts; None: 8192 paced, 4096 context
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
@@ -43,12 +47,21 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     res: dict = {"model": str(model), "config": {k: str(v) for k, v in asdict(cfg).items()}}
     if "paced" in cfg.parts:
         pc = paced.PacedConfig(model, max_requests=cfg.max_requests or (40 if q else 200), threads=cfg.threads,
-                               max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=cfg.server)
+                               max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=cfg.server,
+                               trace=cfg.trace, n_ctx=cfg.n_ctx or 8192)
         res["paced"] = paced.run(pc)
         log(_paced_table(res["paced"]))
+    if "context" in cfg.parts:
+        cc = context.ContextConfig(model, trace=cfg.trace, max_requests=cfg.max_requests or (40 if q else 200),
+                                   threads=cfg.threads, scorer_threads=cfg.threads or os.cpu_count() or 1,
+                                   max_prompt_ms=cfg.max_prompt_ms,
+                                   n_boot=500 if q else 2000, n_ctx=cfg.n_ctx or 4096)
+        res["context"] = context.run(cc)
+        log(context.table(res["context"]))
     if "replay" in cfg.parts:
         rc = replay.ReplayConfig(model, max_requests=cfg.max_requests or (12 if q else 200),
-                                 max_tokens=16 if q else 32, threads=cfg.threads, server=cfg.server)
+                                 max_tokens=16 if q else 32, threads=cfg.threads, server=cfg.server,
+                                 trace=trace.resolve(cfg.trace))
         res["replay"] = replay.run(rc)
         log(_replay_table(res["replay"]))
     if "rounds" in cfg.parts:
@@ -62,7 +75,7 @@ def run(cfg: SuiteConfig, log=print) -> dict:
                                      repeat=1 if q else 3)
         log(bu.table(res["restore"], list(res["restore"][0])) + "\n")
     name = f"bench-{Path(cfg.model).stem if cfg.model not in ('gemma', 'default') else cfg.model}" + \
-        ("-quick" if q else "")
+        ("-quick" if q else "") + (f"-{Path(cfg.trace).name.split('.')[0]}" if cfg.trace else "")
     cfg.out.mkdir(parents=True, exist_ok=True)
     res["json"] = str(bu.save(name, res, cfg.out))
     if "replay" in res or "rounds" in res:
@@ -72,12 +85,19 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     return res
 
 
+def _budget(ms: float | None) -> str:
+    return "the config's default" if ms is None else ("off" if ms == 0 else f"{ms:g} ms")
+
+
 def _paced_table(r: dict) -> str:
     head = (f"Paced replay: {r['requests']} requests, {r['keystrokes']} keystrokes ({r['auto_pair_keys']} auto-pair), "
-            f"{r['duration_s']:.0f} s of typing; latency budget {r['max_prompt_ms']:g} ms"
+            f"{r['duration_s']:.0f} s of typing ({r.get('trace', 'efim')} trace); "
+            f"latency budget {_budget(r['max_prompt_ms'])}"
             + ("; one core kept busy" if r["busy"] else ""))
     cols = [c for c in ("backend", "requests", "answered", "stale_frac", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
-                        "context_frac_mean", "reduced_frac", "ttft_p50_vs_infill", "ttft_p95_vs_infill")
+                        "derived_p50_ms", "derived_p95_ms", "text_after_prefill_p50_ms", "text_after_prefill_p95_ms",
+                        "context_frac_mean", "context_frac_shown", "reduced_frac",
+                        "ttft_p50_vs_infill", "ttft_p95_vs_infill")
             if any(c in s for s in r["summary"])]
     return "\n".join([head, bu.table(r["summary"], cols), *[f"note: {n}" for n in r["notes"]]]) + "\n"
 
@@ -104,7 +124,7 @@ def paced_chart(r: dict, path: Path, model: str) -> Path:
     a2.set_ylabel("efim context / full plan")
     a2.set_xlabel("seconds into the replay")
     busy = ", one core busy" if r["busy"] else ""
-    fig.suptitle(f"Paced replay on {model}: budget {r['max_prompt_ms']:g} ms{busy}", fontsize=10)
+    fig.suptitle(f"Paced replay on {model}: budget {_budget(r['max_prompt_ms'])}{busy}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -16,7 +16,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "data" / "edit-trace.json.gz"
+DATA = Path(__file__).resolve().parent.parent / "data"
+DEFAULT_TRACE = DATA / "edit-trace.json.gz"
+# Shipped traces by name (`efim bench --trace NAME`): this project's own history, and pallets/click's
+# releases 8.1.0 to 8.1.8 (BSD-3-Clause, the notice in data/click-trace.LICENSE.txt).
+TRACES = {"efim": DEFAULT_TRACE, "click": DATA / "click-trace.json.gz"}
+
+
+def resolve(name: str | Path | None) -> Path:
+    """A shipped trace's path by name, or a trace file's path; None: the default trace."""
+    if name is None:
+        return DEFAULT_TRACE
+    if str(name) in TRACES:
+        return TRACES[str(name)]
+    path = Path(name)
+    if not path.is_file():
+        raise ValueError(f"no trace {str(name)!r}: use {' or '.join(TRACES)}, or a trace file's path")
+    return path
 
 
 @dataclass(frozen=True)
@@ -79,8 +95,30 @@ def save(commits: list[Commit], path: Path, source: str) -> None:
         json.dump({"source": source, "commits": [asdict(c) for c in commits]}, f)
 
 
-def from_git(repo: Path, files: list[str], min_bytes: int = 4000,
-             min_typed: int = 200, max_typed: int = 8000) -> list[Commit]:
+def typed_chars(before: str, after: str) -> int:
+    """Characters a replay of ``before`` -> ``after`` types (the changed blocks' new lines)."""
+    new = after.splitlines(keepends=True)
+    return sum(len("".join(new[j1:j2])) for t, _, _, j1, j2 in
+               difflib.SequenceMatcher(None, before.splitlines(True), new, autojunk=False).get_opcodes()
+               if t != "equal")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Which changes make a trace: files of ``min_bytes``-``max_bytes`` before the change, and a
+    change that types ``min_typed``-``max_typed`` characters."""
+
+    min_bytes: int = 4000
+    max_bytes: int = 10**9
+    min_typed: int = 200
+    max_typed: int = 8000
+
+    def keep(self, c: Commit) -> bool:
+        return self.min_bytes <= len(c.before) <= self.max_bytes and \
+            self.min_typed <= typed_chars(c.before, c.after) <= self.max_typed
+
+
+def from_git(repo: Path, files: list[str], limits: Limits = Limits()) -> list[Commit]:
     """Commits of ``repo`` that changed ``files``, oldest first, with a typed change in range."""
 
     def git(*args: str) -> str:
@@ -96,9 +134,24 @@ def from_git(repo: Path, files: list[str], min_bytes: int = 4000,
             except subprocess.CalledProcessError:  # the file's first or last commit
                 continue
             c = Commit(file, sha[:12], subject, before, after)
-            typed = sum(len("".join(after.splitlines(keepends=True)[j1:j2])) for t, _, _, j1, j2 in
-                        difflib.SequenceMatcher(None, before.splitlines(True), after.splitlines(True),
-                                                autojunk=False).get_opcodes() if t != "equal")
-            if len(before) >= min_bytes and min_typed <= typed <= max_typed:
+            if limits.keep(c):
+                out.append(c)
+    return out
+
+
+def from_releases(releases: list[tuple[str, Path]], files: list[str], limits: Limits = Limits()) -> list[Commit]:
+    """Changes between consecutive releases of a project, unpacked in ``(version, directory)``
+    pairs in release order: one :class:`Commit` per file in ``files`` (relative to each directory)
+    that changed within ``limits``, release by release. For projects whose history is at
+    hand only as published source archives (``pip download --no-binary :all: NAME==VERSION``)."""
+    out = []
+    for (v0, d0), (v1, d1) in zip(releases, releases[1:]):
+        for file in files:
+            p0, p1 = d0 / file, d1 / file
+            if not (p0.is_file() and p1.is_file()):
+                continue
+            before, after = p0.read_text("utf-8"), p1.read_text("utf-8")
+            c = Commit(file, f"{v0}..{v1}", f"release {v1}", before, after)
+            if before != after and limits.keep(c):
                 out.append(c)
     return out

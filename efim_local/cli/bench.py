@@ -13,8 +13,10 @@ from . import emit, main, user_errors
 @click.option("--quick", is_flag=True, help="A short run (about 3 minutes on 2 cores).")
 @click.option("--model", "-m", default="gemma", show_default=True,
               help="'gemma' (gemma3-270m, FIM tokens marked for /infill), 'default', or a GGUF path.")
-@click.option("--only", type=click.Choice(["paced", "replay", "rounds", "restore"]), multiple=True,
-              help="Run only these parts (repeatable).")
+@click.option("--only", type=click.Choice(["paced", "replay", "rounds", "restore", "context"]), multiple=True,
+              help="Run only these parts (repeatable). 'context' (not run by default): a paced replay, then "
+                   "what the user typed next scored by gemma3-270m after efim's plans, the full plans and "
+                   "llama.vim's window.")
 @click.option("--server", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="llama-server binary (default: native/build/server/bin/llama-server, `make server`).")
 @click.option("--requests", "max_requests", type=click.IntRange(1, 100000),
@@ -22,12 +24,19 @@ from . import emit, main, user_errors
 @click.option("--threads", type=click.IntRange(0, 1024), default=0, help="CPU threads (0: all).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
               show_default=True, help="Where the JSON and PNG go.")
-@click.option("--max-prompt-ms", type=click.FloatRange(0, 600_000), default=0.0, show_default=True,
-              help="efim's latency budget in the paced replay (0: off).")
+@click.option("--max-prompt-ms", type=click.FloatRange(0, 600_000), default=None,
+              help="efim's latency budget in the paced replays (0: off; default: the config's, 300 ms).")
 @click.option("--busy", is_flag=True, help="Paced replay with one core kept busy by another process.")
+@click.option("--n-ctx", type=click.IntRange(256, 1 << 20), default=None,
+              help="Tokens per slot (efim) and of llama-server's context in the paced and context parts "
+                   "(default: 8192 paced, 4096 context, the daemon's default).")
+@click.option("--trace", "trace_name", default=None, metavar="NAME|PATH",
+              help="The edit trace: 'efim' (this project's history, the default), 'click' (click 8.1.x "
+                   "releases, files of 3-10k tokens), or a trace file (scripts/make_trace.py).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
 @user_errors
-def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, out, as_json):
+def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, n_ctx, trace_name, out,
+          as_json):
     """Replay real edits through efim (EFIM, FIM) and llama-server (/infill, /completion), then
     the EFIM paper's rounds and the state-restore benchmark, all on one model.
 
@@ -36,15 +45,21 @@ def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy
       make server && efim bench --quick
       efim bench --model default --only replay --json
     """
-    from ..bench import peers, suite
+    from ..bench import peers, suite, trace
+
+    try:
+        trace.resolve(trace_name)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--trace") from None
 
     cfg = suite.SuiteConfig(model=model, quick=quick, parts=tuple(only) or suite.PARTS,
                             server=server or peers.SERVER_BIN, threads=threads, out=out,
-                            max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy)
+                            max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy,
+                            trace=trace_name, n_ctx=n_ctx)
     res = suite.run(cfg, log=(lambda s: None) if as_json else click.echo)
     if as_json:
         drop = ("rows", "full_tokens")
-        emit({k: ({kk: vv for kk, vv in v.items() if kk not in drop} if k in ("replay", "paced") else v)
+        emit({k: ({kk: vv for kk, vv in v.items() if kk not in drop} if k in ("replay", "paced", "context") else v)
               for k, v in res.items()}, True)
     else:
         pngs = [res[k] for k in ("png", "paced_png") if res.get(k)]

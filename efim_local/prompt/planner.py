@@ -96,6 +96,7 @@ class Plan:
     suffix_trimmed: int = 0
     reduced: bool = False  # trimmed to fit a latency budget
     full_context: int = 0  # prefix and suffix tokens the plan would have without a latency budget
+    head: int = 0  # reduced: prefix tokens kept from the top of the window (cached), before the dropped gap
     closers: str = ""  # auto-paired closers right after the cursor that the (kept) suffix lacks
 
 
@@ -198,6 +199,7 @@ class Planner:
             suffix_trimmed=anchor.suffix_trimmed,
             reduced=anchor.reduced,
             full_context=anchor.full_context,
+            head=anchor.head,
             closers=closers,
         )
 

@@ -5,7 +5,10 @@ A shape is everything that costs time in llama.cpp: the architecture (``qwen2``:
 tied output), layers, widths, heads and KV heads, the FFN, the full vocabulary (the output
 projection over 151,936 tokens is a large part of each decode), and Q8_0 weights. The vocabulary
 is this project's small BPE (trained on the standard library, with FIM tokens) padded with
-unused tokens up to the real size, so prompts tokenize like code and every logit row is full size.
+tokens up to the real size, so prompts tokenize like code and every logit row is full size. The
+padding tokens are ordinary tokens with printable text of their own (``pad123_``), which no merge
+makes, so they never come out of tokenizing but stream text when generated: a random model picks
+them most of the time, and an editor (or the paced replay) must see text for every token.
 Benchmarks use these models; unit tests do not.
 """
 
@@ -69,6 +72,15 @@ def n_params(s: Shape) -> int:
     return sum(int(np.prod(v)) for v in tensor_shapes(s).values())
 
 
+def padding(n: int, taken: set[str]) -> list[str]:
+    """``n`` printable token texts, none in ``taken`` (ASCII letters, digits and ``_`` are their own
+    byte-level BPE text)."""
+    out = [f"pad{i}_" for i in range(n)]
+    if taken.intersection(out):
+        raise ValueError("padding token texts collide with the vocabulary")
+    return out
+
+
 def build(path: str | Path, shape: Shape, seed: int = 0, progress=None) -> Path:
     """Write ``shape`` as a Q8_0 GGUF at ``path`` (2-D weights Q8_0, norms and biases f32).
 
@@ -80,14 +92,13 @@ def build(path: str | Path, shape: Shape, seed: int = 0, progress=None) -> Path:
     pad = shape.n_vocab - len(vocab.tokens)
     if pad < 0:
         raise ValueError(f"the BPE vocabulary ({len(vocab.tokens)}) is larger than the shape's")
-    vocab = bpe.BpeVocab(vocab.tokens + [f"<|unused_{i}|>" for i in range(pad)], vocab.merges,
-                         vocab.special, vocab.pre)
+    vocab = bpe.BpeVocab(vocab.tokens + padding(pad, set(vocab.tokens)), vocab.merges, vocab.special, vocab.pre)
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     w = gguf.GGUFWriter(str(tmp), "qwen2")
     write_hparams(w, f"{shape.name} (random weights, for timing)", shape)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    write_vocab(w, vocab, unused_from=len(vocab.tokens) - pad)
+    write_vocab(w, vocab)
     rng = np.random.default_rng(seed)
     for name, shp in tensor_shapes(shape).items():
         if name.endswith("norm.weight"):

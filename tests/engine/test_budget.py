@@ -72,6 +72,7 @@ def test_a_reduced_plan_keeps_the_cached_head_of_the_prefix(engine):
     anchor = engine.session(path).anchor
     prefix = engine.planner.tokenize(text[:cur])
     assert out.context["reduced"] and anchor.head >= 300 and out.tokens.evaluated <= 150
+    assert out.context["head_tokens"] == anchor.head  # the reply says so (bench/context.py rebuilds the plan)
     assert out.tokens.cached >= anchor.head  # the head came from the other plan's slot
     tail = len(anchor.prefix_tokens) - anchor.head
     assert list(anchor.prefix_tokens) == prefix[:anchor.head] + prefix[len(prefix) - tail:]

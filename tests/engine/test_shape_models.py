@@ -26,3 +26,22 @@ def test_the_published_shapes():
     assert (q05.head_dim, q15.head_dim) == (64, 128)  # the models' published parameter counts above
     q3 = sm.SHAPES["qwen2.5-coder-3b"]
     assert round(sm.n_params(q3) / 1e6) == 3086 and q3.head_dim == 128  # Qwen2.5-3B: 3.09B
+
+
+def test_padding_tokens_stream_text(tmp_path):
+    """A random model mostly generates padding tokens: each must show text, so that the first token
+    streams something (the paced replay times the first text at the client)."""
+    from efim_local.llama import Model
+
+    shape = sm.Shape("qwen2-mini", n_vocab=8192, n_embd=64, n_layer=1, n_head=2, n_head_kv=1, n_ff=128)
+    path = sm.build(tmp_path / "mini.gguf", shape)
+    with Model(path) as m:
+        pads = range(m.n_vocab - 100, m.n_vocab)
+        assert all(m.piece(t) for t in pads)
+        assert all(m.piece(t).startswith(b"pad") for t in pads)
+        text = "def add(a, b):\n    return a + b\n"  # no merge makes a padding token
+        assert max(m.tokenize(text)) < m.n_vocab - 4000 and m.detokenize(m.tokenize(text)) == text
+    with Engine(small_config(), path) as e:
+        seen = []
+        out = e.complete(CompletionRequest(text, len(text), path="mini.py", max_tokens=8), on_text=seen.append)
+        assert out.tokens.generated == 8 and len(seen) >= 7 and "".join(seen) == out.text

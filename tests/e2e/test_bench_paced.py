@@ -1,0 +1,38 @@
+"""The paced replay and the context part end to end, over a real daemon (and llama-server when built)."""
+
+import os
+from pathlib import Path
+
+from efim_local.bench import context, paced, peers
+
+
+def test_paced_replay_times_the_first_text_at_the_client(tiny_model):
+    server = Path(os.environ.get("EFIM_LLAMA_SERVER", peers.SERVER_BIN))
+    cfg = paced.PacedConfig(tiny_model, max_requests=12, max_tokens=8, n_ctx=4096, threads=1, server=server,
+                            trace="click")
+    res = paced.run(cfg)
+    assert res["trace"] == "click" and res["requests"] == 12
+    for name, rows in res["rows"].items():
+        shown = [r for r in rows if r["ttft_ms"] is not None]
+        assert shown, name
+        assert all(r["stale"] for r in rows if r["ttft_ms"] is None)  # no text, no ghost
+        if name == "efim":  # its first text comes after its prefill ends (the derived estimate)
+            assert all(r["ttft_ms"] >= r["ttft_derived_ms"] - 2 for r in shown if r["ttft_derived_ms"] is not None)
+    s = {x["backend"]: x for x in res["summary"]}
+    assert "derived_p95_ms" in s["efim"] and s["efim"]["context_frac_mean"] > 0
+    efim_rows = res["rows"]["efim"]
+    assert all("context_middle_tokens" in r for r in efim_rows if "context_prefix_tokens" in r)
+
+
+def test_context_part_scores_each_planned_request(tiny_model):
+    cfg = context.ContextConfig(tiny_model, scorer=tiny_model, trace="click", max_requests=15, n_boot=50)
+    res = context.run(cfg)
+    assert res["scored"] >= 5 and res["scored"] + sum(res["skipped"].values()) == 15
+    by = {(x["requests"], x["context"]): x for x in res["summary"]}
+    used, full, vim = by["planned", "used"], by["planned", "full"], by["planned", "llama.vim"]
+    # The first change is near the file's top: the whole head is in each window.
+    assert used["tokens_mean"] <= full["tokens_mean"] == vim["tokens_mean"] and full["tokens_mean"] > 200
+    for x in res["summary"]:
+        assert x["ci95_lo"] <= x["bpc"] <= x["ci95_hi"] and x["bpc"] > 0
+    assert all(len(r["target"]) <= 32 and "\n" not in r["target"] for r in res["rows"])
+    assert "used - full" in context.table(res)
