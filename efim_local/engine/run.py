@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import Cancelled, InvalidParams
 from ..llama import Sampler, SamplerParams
+from ..kv.prefix import common_prefix
 from ..prompt.healing import Healer
 from ..prompt.planner import Budget, Plan, line_start
 from ..request import CompletionRequest, Options
-from .completion import Completion, Timings, TokenCounts
+from .completion import Completion, Prompt, Timings, TokenCounts
+from .decode import GenSpec
 from .stream import StopRules
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class RunOptions:
     should_stop: Callable[[], bool] | None = None
     on_text: Callable[[str], None] | None = None
     t0: float | None = None
+    known: Sequence[int] | None = None  # type-through: the greedy continuation known (engine/instant.py)
+    trail: list[int] | None = None  # receives the greedy continuation (GenSpec.trail)
 
 
 def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
@@ -62,12 +66,17 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
     if not ro.idle:  # other work between this request's steps never picks, evicts or empties its slot
         engine.slots.busy.add(slot.seq)
     counts = TokenCounts(prompt=len(prompt))
+    known = ro.known or ()
     try:
-        evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop, ro.chunk)
+        ready = not (ro.known is not None and not ro.cold and keep_known(engine, slot, prompt, known))
+        evaluated = 0
+        if ready:  # (else the slot holds the prompt, and the known continuation's KV as far as it goes)
+            evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop,
+                                                                ro.chunk)
         counts.cached, counts.evaluated = len(prompt) - evaluated, evaluated
+        spec = GenSpec(rules, ro.on_text, how.ignore_eog, ro.should_stop, ro.heal, known, ro.trail)
         with Sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
-            gen = yield from engine.decoder.generate_steps(slot, len(prompt), sampler, rules, ro.on_text,
-                                                           how.ignore_eog, ro.should_stop, ro.heal)
+            gen = yield from engine.decoder.generate_steps(slot, prompt, sampler, spec, ready)
     except Cancelled as e:
         if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
             counts.generated = e.data["generated"]
@@ -87,7 +96,22 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
     return Completion(
         text=gen.stream.text, stop_reason=reason, layout="tokens", tokens=counts,
         timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
-        slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids)
+        slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids,
+        prompt=Prompt(tuple(int(t) for t in prompt), ro.heal, ro.closers))
+
+
+def keep_known(engine, slot, prompt: np.ndarray, known) -> bool:
+    """Whether ``slot`` holds all of ``prompt`` (then its KV is cut to what it holds of ``prompt`` +
+    ``known``: generation goes on from there, no prompt token evaluated)."""
+    want = np.concatenate([prompt, np.asarray(known, dtype=np.int32)]) if len(known) else prompt
+    n = common_prefix(slot.tokens, want)
+    if n < len(prompt) or slot.sparse:
+        return False
+    if n < len(slot.tokens):
+        if not engine.ctx.seq_rm(slot.seq, n, -1):
+            return False
+        slot.tokens = slot.tokens[:n]
+    return True
 
 
 def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()):
