@@ -83,6 +83,10 @@ class Decoder:
             slot.tokens = prompt[:pos]
         return len(prompt) - n_common
 
+    def ends(self, tok: int) -> bool:
+        """Whether ``tok`` ends a generation (end of generation, or the template's stop token)."""
+        return self.model.is_eog(tok) or tok in self.stop_tokens
+
     def decode(self, slot: Slot) -> None:
         """Decode the batch; on a full KV cache evict other slots (LRU first) and retry."""
         while True:
@@ -125,7 +129,7 @@ class Decoder:
                 tok = known[len(ids)]
             else:
                 if row is None:
-                    row = self._logits_after(slot, prompt, ids)
+                    row = self.logits_after(slot, prompt, ids)
                 tok = (healing.pick(self.ctx.logits(row), self.healer.allowed(heal)) if heal
                        else sampler.sample(self.ctx, row))
             row = None  # read: the next token needs this one decoded
@@ -136,7 +140,7 @@ class Decoder:
                 trail.append(tok)  # the greedy continuation, for the next keystroke
             if t_first is None:
                 t_first = time.perf_counter()
-            if not spec.ignore_eog and (self.model.is_eog(tok) or tok in self.stop_tokens):
+            if not spec.ignore_eog and self.ends(tok):
                 reason = "eog"
                 break
             ids.append(tok)
@@ -160,7 +164,7 @@ class Decoder:
             spec.on_text(tail)
         return Generated(ids, stream, reason, t_first)
 
-    def _logits_after(self, slot: Slot, prompt: np.ndarray, ids: list[int]) -> int:
+    def logits_after(self, slot: Slot, prompt: np.ndarray, ids: list[int]) -> int:
         """Decode what the slot lacks of ``prompt`` + ``ids`` (at least its last token, whose logits
         are wanted: KV held beyond is cut); returns the logits' row in the batch."""
         n = len(prompt) + len(ids)

@@ -21,6 +21,7 @@ from ..prompt.planner import Budget, Plan, line_start
 from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, Timings, TokenCounts
 from .decode import GenSpec
+from .instant import Instant, Shown, Through, cached_completion
 from .stream import StopRules
 
 @dataclass(frozen=True)
@@ -116,8 +117,14 @@ def keep_known(engine, slot, prompt: np.ndarray, known) -> bool:
 
 def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()):
     """Plan a request (within its latency budget), heal its partial word, run it (steps; returns a
-    Completion that reports the context it used)."""
+    Completion that reports the context it used). A request's keystroke that types on its file's
+    last answer is answered from that answer's trail; a plan answered before, from the cache
+    (``instant.py``; idle work does neither)."""
     t0 = time.perf_counter()
+    instant = None if ro.idle else engine.instant
+    through = instant.match(req) if instant is not None else None
+    if through is not None:
+        return (yield from through_steps(engine, req, through, ro, t0))
     plan = fit_budget(engine, req, engine.plan(req))
     engine.files.set_typed(req.path, plan.middle_tokens)
     tokens, heal = plan.tokens, b""
@@ -131,8 +138,26 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     context = context_report(plan)
     if plan.closers:
         context["closers"] = plan.closers
+    prompt, shown = Prompt(tuple(tokens), heal, plan.closers), None
+    if instant is not None:
+        key = instant.key(prompt, req.how, engine.max_tokens(req.how))
+        hit = instant.get(key, prompt)
+        if hit is not None:
+            out = cached_completion(hit, prompt)
+            if greedy(req.how) and plan.layout == "efim":
+                instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
+                                                 plan.closers, list(hit[3]), out.text, len(out.token_ids),
+                                                 engine.max_tokens(req.how), plan.middle_start, dict(context)))
+            out.timings = Timings(plan_ms=plan_ms, total_ms=(time.perf_counter() - t0) * 1e3)
+            out.reanchor = plan.reanchor
+            return out
+        if greedy(req.how) and plan.layout == "efim":  # the middle comes last: typing extends the prompt
+            shown = instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
+                                                     plan.closers, max_tokens=engine.max_tokens(req.how),
+                                                     checkpoint=plan.middle_start, context=dict(context)))
     ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
-                    idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text)
+                    idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
+                    trail=shown.ids if shown is not None else None)
     try:
         out = yield from run_steps(engine, tokens, req.how, ro)
     except Cancelled as e:
@@ -145,6 +170,31 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     if plan.prefix_trimmed or plan.suffix_trimmed:
         out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
     out.context = context
+    if shown is not None:
+        Instant.answered(shown, out)
+    if instant is not None and not (out.sparse and "fallback" not in out.sparse):  # approximate KV: not kept
+        instant.put(key, prompt, out, shown.ids if shown is not None else out.token_ids)
+    return out
+
+
+def greedy(how: Options) -> bool:
+    """Whether a request's answer is the greedy continuation (a function of its prompt alone)."""
+    return how.temperature <= 0 and not how.ignore_eog
+
+
+def through_steps(engine, req: CompletionRequest, th: Through, ro: RunOptions, t0: float):
+    """Answer a keystroke that types on the last answer (``instant.py``): its plan is that answer's
+    prompt plus the tokens typed, and the rest of its trail is known (steps; returns a Completion)."""
+    s = th.shown
+    engine.files.note_request(req.path, req.text, req.cursor)
+    new = engine.instant.remember(req.path, Shown(req.text, req.cursor, th.tokens, th.heal, s.closers, list(th.known),
+                                                  max_tokens=engine.max_tokens(req.how), checkpoint=s.checkpoint,
+                                                  context=dict(s.context)))
+    out = yield from run_steps(engine, th.tokens, req.how, RunOptions(
+        path=req.path, t0=t0, checkpoint=s.checkpoint, heal=th.heal, closers=s.closers, chunk=ro.chunk,
+        should_stop=ro.should_stop, on_text=ro.on_text, known=th.known, trail=new.ids))
+    out.source, out.layout, out.context = th.source, "efim", dict(s.context)
+    Instant.answered(new, out)
     return out
 
 
