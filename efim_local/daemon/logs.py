@@ -94,9 +94,10 @@ class RequestStats:
             self.sources[source] = self.sources.get(source, 0) + 1
         if first:
             log.info("first request: layout %s (%s)", self.layout, self.layout_reason)
-        log.info("complete %s source=%s layout=%s context=%s cached=%d evaluated=%d generated=%d tier=%s reanchor=%s "
-                 "%.1f ms", path, out.get("source", "computed"), out["layout"], context_text(out.get("context") or {}),
-                 tok["cached"], tok["evaluated"], tok["generated"], out["cache_tier"], out["reanchor"] or "-", ms)
+        log.info("complete %s layout=%s context=%s cached=%d evaluated=%d generated=%d tier=%s reanchor=%s source=%s "
+                 "%.1f ms", path, out["layout"], context_text(out.get("context") or {}), tok["cached"],
+                 tok["evaluated"], tok["generated"], out["cache_tier"], out["reanchor"] or "-",
+                 out.get("source", "computed"), ms)
 
     def summary(self) -> dict:
         with self.lock:

@@ -27,10 +27,10 @@ def reference(tiny_model):
         yield e
 
 
-def cold(reference, out, how=Options()):
+def cold(reference, out, how=None):
     """The plan an answer came from, computed cold."""
     p = out.prompt
-    return reference.run(p.tokens, how, cold=True, closers=p.closers, heal=p.heal)
+    return reference.run(p.tokens, how or Options(), cold=True, closers=p.closers, heal=p.heal)
 
 
 class Decodes:
