@@ -150,6 +150,8 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
                                                  engine.max_tokens(req.how), plan.middle_start, dict(context)))
             out.timings = Timings(plan_ms=plan_ms, total_ms=(time.perf_counter() - t0) * 1e3)
             out.reanchor = plan.reanchor
+            if ro.on_text is not None and out.text:  # streamed like any answer, at once
+                ro.on_text(out.text)
             return out
         if greedy(req.how) and plan.layout == "efim":  # the middle comes last: typing extends the prompt
             shown = instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
