@@ -134,14 +134,19 @@ class Scheduler:
             self.calls.append((fn, Future()))
             self.cond.notify()
 
-    def add_background(self, fn: Callable, key: Any = None, path: str | None = None) -> None:
+    def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
         """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
-        is replaced (the newer one knows better, e.g. the cursor moved again)."""
+        is replaced (the newer one knows better, e.g. the cursor moved again); ``first`` queues it
+        before the others (the continuation of a shown answer: the user may take it any moment)."""
         with self.cond:
             if key is not None:
                 for old in [w for w in self.background if w.key == key]:
                     self.background.remove(old)
-            self.background.append(BackgroundTask(key, fn, path))
+            task = BackgroundTask(key, fn, path)
+            if first:
+                self.background.appendleft(task)
+            else:
+                self.background.append(task)
             self.cond.notify()
 
     def pending_background(self) -> int:
