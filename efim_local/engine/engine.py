@@ -97,7 +97,7 @@ class Engine:
                             payload, partial, sel, frac)
             self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens,
                                    observe=lambda n, c, ms: self.speed.observe(n, c, ms))
-            self.instant = Instant(self.model, model_key(model_path), self.decoder.ends)
+            self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT

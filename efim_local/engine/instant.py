@@ -153,6 +153,8 @@ class Instant:
         return hit[1:]
 
     def put(self, key: bytes, prompt: Prompt, out: Completion, trail: list[int]) -> None:
+        if self.size <= 0:
+            return
         self.cache[key] = (prompt, out.text, out.stop_reason, list(out.token_ids), list(trail), out.layout,
                            dict(out.context))
         self.cache.move_to_end(key)

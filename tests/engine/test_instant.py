@@ -11,7 +11,7 @@ from efim_local.request import Options
 
 from tests.helpers import small_config, sources
 
-CFG = dict(n_ctx_seq=2048, max_tokens=12, heal=True)
+CFG = dict(n_ctx_seq=2048, max_tokens=12, heal=True, answer_cache=256)
 REPLACEMENT = "\ufffd"  # shown for bytes that are not UTF-8 yet: typing it types other bytes
 
 
