@@ -133,6 +133,7 @@ class Reuse:
                       and (slot.dirty or not start.same or cold))
         ck = checkpoint if checkpoint is not None else n_prompt - 1
         slot.checkpoint = max(0, min(ck, n_prompt - 1, len(slot.tokens)))
+        slot.n_prompt = n_prompt
 
     def clear(self, slot: Slot) -> None:
         """Empty a slot (its KV and its record)."""
@@ -210,7 +211,8 @@ class Reuse:
         if slot.sparse or self.store is None:  # a sparse slot is a subset of a state already stored
             return
         toks = slot.tokens
-        n = min(slot.checkpoint, len(toks)) if self.swa else len(toks)
+        # The prompt's KV, not the generated tokens kept after it (a next prompt rarely holds them).
+        n = min(slot.checkpoint if self.swa else len(toks), slot.n_prompt or len(toks), len(toks))
         if n < self.store.cfg.min_tokens:
             return
         if n < len(toks):
