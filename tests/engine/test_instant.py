@@ -148,3 +148,42 @@ def test_sampled_answers_are_never_typed_through(engine):
     doc, cur = doc[:cur] + out.text[:1] + doc[cur:], cur + 1
     nxt = engine.complete(CompletionRequest(doc, cur, path="hot.py", temperature=0.8, seed=3))
     assert nxt.source == "computed"
+
+
+def test_a_superseded_answer_is_typed_through(engine, reference):
+    """While an answer streams, the user types its first character: the newer request supersedes
+    it, the older ends first (its slot and trail are the newer one's), and the newer is answered
+    from the trail it left."""
+    import threading
+
+    from efim_local.engine.scheduler import RequestTask, Scheduler
+
+    engine.clear_slots()
+    s = Scheduler(engine)
+    thread = threading.Thread(target=s.run, daemon=True)
+    thread.start()
+    results, ended = {}, threading.Event()
+    doc, cur = doc_at(5, 1500)
+    try:
+        def typed(piece):
+            if "second" in results or not piece or REPLACEMENT in piece[0]:
+                return
+            results["second"] = None
+            d = doc[:cur] + piece[0] + doc[cur:]
+            s.submit(RequestTask("k", CompletionRequest(d, cur + 1, path="sup.py", max_tokens=12),
+                                 lambda out, err: (results.__setitem__("second", (out, err)), ended.set())))
+
+        first = RequestTask("k", CompletionRequest(doc, cur, path="sup.py", max_tokens=12),
+                            lambda out, err: results.__setitem__("first", (out, err)), on_text=typed)
+        s.submit(first)
+        assert ended.wait(120)
+    finally:
+        s.stop()
+        thread.join(120)
+    out, err = results["second"]
+    assert err is None, err
+    from efim_local.errors import Cancelled
+
+    assert isinstance(results["first"][1], Cancelled)  # superseded while it streamed
+    assert out.source == "type-through" and out.tokens.evaluated == 0
+    assert out.text == cold(reference, out).text
