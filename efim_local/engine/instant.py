@@ -170,8 +170,9 @@ def cached_completion(hit: tuple, prompt: Prompt) -> Completion:
     """The completion a cache hit answers (nothing decoded)."""
     text, reason, ids, _, layout, context = hit
     n = len(prompt.tokens)
+    # nothing from the KV (cached 0, cache_tier none), nothing evaluated
     return Completion(text=text, stop_reason=reason, layout=layout, source="cache", context=dict(context),
-                      tokens=TokenCounts(prompt=n, cached=n, evaluated=0, generated=len(ids)), token_ids=list(ids),
+                      tokens=TokenCounts(prompt=n, cached=0, evaluated=0, generated=len(ids)), token_ids=list(ids),
                       prompt=prompt)
 
 

@@ -70,6 +70,8 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
     known = ro.known or ()
     try:
         ready = not (ro.known is not None and not ro.cold and keep_known(engine, slot, prompt, known))
+        if rules.max_tokens <= 0 and not ro.cold and start.n_common >= len(prompt):
+            ready = False  # idle work on a prompt the slot holds: nothing to do (what follows it stays)
         evaluated = 0
         if ready:  # (else the slot holds the prompt, and the known continuation's KV as far as it goes)
             evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop,

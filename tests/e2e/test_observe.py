@@ -158,8 +158,9 @@ def test_cache_tier_agrees_with_cached_tokens(tmp_path, tiny_model):
             docs = ["x = 1\n", "def f(a):\n    return a\n", "import os\nprint(os.getcwd())\n", "y = 2\nz = 3\n"]
             for i, text in enumerate(docs * 3):
                 for stream in (True, False):
+                    # (max_tokens differs from one document to the next: the answer cache does not answer them)
                     out = c.call("complete", {"path": f"/w/f{i % 5}.py", "text": text, "offset": len(text),
-                                              "max_tokens": 3, "stream": stream}, on_notification=lambda m: None)
+                                              "max_tokens": 2 + i, "stream": stream}, on_notification=lambda m: None)
                     seen.append((out["tokens"]["cached"], out["cache_tier"]))
     finally:
         d.stop()
