@@ -27,6 +27,7 @@ from efim_local.daemon.logs import percentile
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--model", default="default", help="'default', 'gemma' or a GGUF path")
+ap.add_argument("--fim-template", help="text markers for a model without FIM tokens, e.g. '<PRE>,<SUF>,<MID>'")
 ap.add_argument("--cursors", type=int, default=12)
 ap.add_argument("--keys", type=int, default=8, help="keystrokes typed through per cursor")
 ap.add_argument("--key-ms", type=float, default=120.0, help="time between keystrokes")
@@ -36,6 +37,7 @@ ap.add_argument("--json", help="write the numbers to this file")
 args = ap.parse_args()
 
 model, template = bu.bench_model(args.model)
+template = args.fim_template or template
 proc, sock = bu.spawn_daemon(model, template, "--n-ctx", "4096", config={"max_prompt_ms": 0})
 REPLACEMENT = "\ufffd"
 
