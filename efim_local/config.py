@@ -35,7 +35,8 @@ RULES = {name: Options.rule(name) for name in REQUEST_DEFAULTS} | {
     "fim_template": _rule(str), "fim_order": _rule(str, choices=("psm", "spm")),
     "max_middle_tokens": _rule(int, 1, 1 << 20), "idle_chunk_tokens": _rule(int, 1, 1 << 16),
     "idle_chunk_ms": _rule(float, 1, 60_000), "grow_share": _rule(float, 0, 0.9),
-    "grow_window_ms": _rule(float, 0, 60_000), "n_gpu_layers": _rule(int, 0, 100_000), "main_gpu": _rule(int, 0, 1024),
+    "grow_window_ms": _rule(float, 0, 60_000), "answer_cache": _rule(int, 0, 1 << 16),
+    "n_gpu_layers": _rule(int, 0, 100_000), "main_gpu": _rule(int, 0, 1024),
     "store": _rule(bool), "state_dir": _rule(str), "ram_mb": _rule(float, 0, 1 << 24),
     "disk_mb": _rule(float, 0, 1 << 30), "min_state_tokens": _rule(int, 0, 1 << 21),
     "sparse_budget": _rule(float, 0, 1), "sparse_min_tokens": _rule(int, 0, 1 << 21),
@@ -150,6 +151,8 @@ class Config:
     # chunk at a time). 0: grow only when idle.
     grow_share: float = 0.5
     grow_window_ms: float = 500.0
+    # Answers kept by content (model, plan, options), shared by every client of a daemon; 0: off.
+    answer_cache: int = 256
     context: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     main_gpu: int = 0

@@ -24,11 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def small_config(**kw) -> Config:
     """A Config for the tiny models: small context, a few slots, 2 threads, 8 tokens out, no
     latency budget unless asked (a loaded machine would otherwise reduce plans that tests count), no
-    growth during generation unless asked (tests count growth's chunks), and no token healing unless
-    asked (tests compare answers with the plan's own tokens)."""
+    growth during generation unless asked (tests count growth's chunks), no token healing unless
+    asked (tests compare answers with the plan's own tokens), and no answer cache unless asked (tests
+    repeat a request to count the KV it reuses)."""
     ctx = dict(n_ctx_seq=1024, n_slots=3, n_batch=64, n_threads=2)
     ctx.update({k: kw.pop(k) for k in list(kw) if k in ContextParams.__dataclass_fields__})
     return Config(context=ContextParams(**ctx), **{"max_tokens": 8, "max_prompt_ms": 0.0, "grow_share": 0.0, "heal": False,
+                                                         "answer_cache": 0,
                                                          **kw})
 
 

@@ -135,7 +135,8 @@ def status(as_json, **model_kw):
             "flash_attn", "offload_kqv", "sliding_window", "swa_strategy", "state_restore", "sparse_restore", "via")
     out = {k: info[k] for k in keys if k in info}
     if info["via"] == "daemon":
-        out.update(daemon_pid=info["pid"], socket=info["socket"], context=info["requests"].get("context"))
+        out.update(daemon_pid=info["pid"], socket=info["socket"], context=info["requests"].get("context"),
+                   answers=info["requests"].get("sources"))
     else:
         out["store"] = info["store"]
     if as_json:

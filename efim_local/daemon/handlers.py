@@ -105,11 +105,13 @@ class Handlers:
     def accepted(self, conn, msg):
         """An editor took ``accepted`` code points of completion ``text`` (all: a full accept)."""
         p = msg.params
-        path_param(p)
+        path = path_param(p)
         param(p, "id", str, "")
         text = param(p, "text", str)
         check_size(text)
         n = param(p, "accepted", int, lo=0, hi=len(text))
+        if n:  # the next keystroke takes what was accepted: answered from the continuation computed ahead
+            self.worker.post(lambda engine: engine.instant.note_accepted(path))
         a = self.acceptance
         a["completions" if n == len(text) else "partial"] += 1
         a["offered_chars"] += len(text)

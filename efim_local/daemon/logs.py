@@ -74,6 +74,7 @@ class RequestStats:
         self.files: dict[str, list[int]] = {}  # path -> [requests, hits, cached tokens, prompt tokens]
         self.layout, self.layout_reason = layout, layout_reason
         self.first = True
+        self.sources: dict[str, int] = {}  # where the answers came from (computed, type-through, accept, cache)
 
     def record(self, path: str, out: dict) -> None:
         """One answered completion (its JSON): log it and count it."""
@@ -89,15 +90,18 @@ class RequestStats:
             f[1] += tok["cached"] > 0
             f[2] += tok["cached"]
             f[3] += tok["prompt"]
+            source = out.get("source", "computed")
+            self.sources[source] = self.sources.get(source, 0) + 1
         if first:
             log.info("first request: layout %s (%s)", self.layout, self.layout_reason)
-        log.info("complete %s layout=%s context=%s cached=%d evaluated=%d generated=%d tier=%s reanchor=%s %.1f ms",
-                 path, out["layout"], context_text(out.get("context") or {}), tok["cached"], tok["evaluated"],
-                 tok["generated"], out["cache_tier"], out["reanchor"] or "-", ms)
+        log.info("complete %s layout=%s context=%s cached=%d evaluated=%d generated=%d tier=%s reanchor=%s source=%s "
+                 "%.1f ms", path, out["layout"], context_text(out.get("context") or {}), tok["cached"],
+                 tok["evaluated"], tok["generated"], out["cache_tier"], out["reanchor"] or "-",
+                 out.get("source", "computed"), ms)
 
     def summary(self) -> dict:
         with self.lock:
-            lat, ctx = list(self.latencies), list(self.contexts)
+            lat, ctx, sources = list(self.latencies), list(self.contexts), dict(self.sources)
             files = {p: {"requests": n, "hit_rate": round(h / n, 3), "cached_tokens": c, "prompt_tokens": t}
                      for p, (n, h, c, t) in self.files.items()}
         r = lambda v: None if v is None else round(v, 1)
@@ -108,7 +112,17 @@ class RequestStats:
                        "mean_share": round(sum(c[1] for c in ctx) / len(ctx), 3),
                        "reduced": round(sum(c[2] for c in ctx) / len(ctx), 3)}
         return {"window": len(lat), "p50_ms": r(percentile(lat, 50)), "p95_ms": r(percentile(lat, 95)),
-                "context": context, "files": files}
+                "context": context, "files": files, "sources": source_rates(sources)}
+
+
+def source_rates(counts: dict[str, int]) -> dict:
+    """Answers by source, and the share of each that did not have to be computed (hit rates)."""
+    total = sum(counts.values())
+    out = {"answers": total, **{s: counts.get(s, 0) for s in ("computed", "type-through", "accept", "cache")}}
+    for s in ("type-through", "accept", "cache"):
+        out[s.replace("-", "_") + "_rate"] = round(counts.get(s, 0) / total, 3) if total else None
+    out["instant_rate"] = round((total - counts.get("computed", 0)) / total, 3) if total else None
+    return out
 
 
 def context_text(ctx: dict) -> str:

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 from ..engine import CompletionRequest, Engine
 from ..engine.background import grow_steps
+from ..engine.instant import ahead_steps
+from ..engine.run import greedy
 from ..engine.scheduler import RequestTask, Scheduler
 from ..errors import Busy, Cancelled, EfimError, InternalError, internal
 from .framing import error, notification, reply
@@ -96,11 +98,11 @@ class Worker:
         """Run ``fn(engine)`` on the engine thread, without waiting."""
         self.scheduler.post(fn)
 
-    def add_idle(self, task: Callable, key: Any = None, path: str | None = None) -> None:
+    def add_idle(self, task: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
         """Queue ``task(engine, should_stop)`` for idle time (it may return a generator of steps). A
         task with the same ``key`` still queued is replaced; one interrupted by a request is queued
-        again, to go on when the daemon is idle."""
-        self.scheduler.add_background(task, key, path)
+        again, to go on when the daemon is idle; ``first``: before the others."""
+        self.scheduler.add_background(task, key, path, first)
 
     def idle_pending(self) -> int:
         """Idle tasks queued or running."""
@@ -131,7 +133,15 @@ class Worker:
                 self.errors += 1
             conn.send(error(rid, internal(err)))
         finally:
+            if err is None and greedy(job.request.how):
+                self._ahead_later(job.request.path)
             self._grow_later(job.request.path)
+
+    def _ahead_later(self, path: str) -> None:
+        """While the answer is shown, extend its greedy continuation (the next completion after an
+        accept): first among the file's background work."""
+        self.add_idle(lambda engine, should_stop: ahead_steps(engine, path, should_stop), key=("ahead", path),
+                      path=path, first=True)
 
     def _grow_later(self, path: str | None) -> None:
         """If the budget cut the context of ``path``'s plan, grow it back while idle. Answered or not:

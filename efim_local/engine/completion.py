@@ -21,6 +21,19 @@ class Timings:
     plan_ms: float = 0.0  # planning alone (tokenizing the middle, anchoring)
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """The tokens a completion decoded, the text backed off them that it spelled out first, and the
+    closers it stopped at: what "the same plan computed cold" runs (``Engine.run``)."""
+
+    tokens: tuple[int, ...] = ()
+    heal: bytes = b""
+    closers: str = ""
+
+
+SOURCES = ("computed", "type-through", "accept", "cache")
+
+
 @dataclass
 class Completion:
     """What a request got: the text, why it stopped, and where its KV came from."""
@@ -38,10 +51,15 @@ class Completion:
     sparse: dict | None = None  # the sparse restore's report (approximate!), or why it fell back
     token_ids: list[int] = field(default_factory=list)
     remote: dict | None = None  # a remote backend's answer: replica, slot, expected and served reuse, miss
+    # where the answer came from: computed, type-through (the shown suggestion typed on), accept (the
+    # continuation computed while it was shown), cache (the same plan answered before)
+    source: str = "computed"
+    prompt: Prompt = field(default_factory=Prompt)
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("token_ids")
+        d.pop("prompt")
         d["timings"] = {k: round(v, 2) for k, v in d["timings"].items()}  # 10 µs: more is noise
         if d["remote"] is None:
             d.pop("remote")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -83,6 +84,10 @@ class Decoder:
             slot.tokens = prompt[:pos]
         return len(prompt) - n_common
 
+    def ends(self, tok: int) -> bool:
+        """Whether ``tok`` ends a generation (end of generation, or the template's stop token)."""
+        return self.model.is_eog(tok) or tok in self.stop_tokens
+
     def decode(self, slot: Slot) -> None:
         """Decode the batch; on a full KV cache evict other slots (LRU first) and retry."""
         if self.fit is not None:
@@ -97,59 +102,109 @@ class Decoder:
                 self.ctx.seq_rm(victim.seq, 0, -1)
                 victim.reset()
 
-    def generate(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text=None,
-                 ignore_eog: bool = False, should_stop=None, heal: bytes = b"") -> Generated:
+    def generate(self, slot: Slot, prompt: np.ndarray, sampler: Sampler, spec: "GenSpec",
+                 logits_ready: bool = True) -> Generated:
         """Sample until a stop rule fires; the steps of :meth:`generate_steps`, run to the end."""
-        return drive(self.generate_steps(slot, n_prompt, sampler, rules, on_text, ignore_eog, should_stop, heal))
+        return drive(self.generate_steps(slot, prompt, sampler, spec, logits_ready))
 
-    def generate_steps(self, slot: Slot, n_prompt: int, sampler: Sampler, rules: StopRules, on_text=None,
-                       ignore_eog: bool = False, should_stop=None, heal: bytes = b""):
+    def generate_steps(self, slot: Slot, prompt: np.ndarray, sampler: Sampler, spec: "GenSpec",
+                       logits_ready: bool = True):
         """Sample until a stop rule fires, one token per step; returns a :class:`Generated`.
+
+        ``logits_ready``: the last batch decoded ``prompt``'s last token (a prefill just ended);
+        otherwise the slot holds KV for a prefix of ``prompt`` + ``spec.known`` and the logits are
+        computed when a token must be sampled. The tokens of ``spec.known`` are taken as they are
+        (no decode): they are the greedy continuation, known already. Decoded tokens are recorded in
+        ``slot.tokens`` (the KV stays for the next keystroke, which may type through them).
 
         It yields ``TOKEN`` after each sampled token that is not the last, before decoding it: the
         logits it read are used, so the scheduler may decode other slots then. It yields ``SHOWN``
-        instead once some text went out (work that rides along waits for the first text).
-        ``heal`` is text backed off the prompt that the first tokens must spell out again."""
+        instead once some text went out (work that rides along waits for the first text). Known
+        tokens cost nothing: no step ends after them."""
+        rules, heal, known, trail = spec.rules, spec.heal, spec.known, spec.trail
         stream = TextStream(rules)
         ids: list[int] = []
-        row = self.batch.raw.n_tokens - 1
+        row = self.batch.raw.n_tokens - 1 if logits_ready else None
         t_first, reason, shown = None, "max_tokens", False
         while len(ids) < rules.max_tokens:
-            if heal:  # constrained: the token must agree with the backed-off text
-                tok = healing.pick(self.ctx.logits(row), self.healer.allowed(heal))
-                raw = self.model.piece(tok)
-                raw, heal = (raw[len(heal):], b"") if raw.startswith(heal) else (b"", heal[len(raw):])
+            computed = len(ids) >= len(known)
+            if not computed:
+                tok = known[len(ids)]
             else:
-                tok = sampler.sample(self.ctx, row)
-                raw = self.model.piece(tok)
+                if row is None:
+                    row = self.logits_after(slot, prompt, ids)
+                tok = (healing.pick(self.ctx.logits(row), self.healer.allowed(heal)) if heal
+                       else sampler.sample(self.ctx, row))
+            row = None  # read: the next token needs this one decoded
+            raw = self.model.piece(tok)
+            if heal:  # the token must agree with the backed-off text
+                raw, heal = (raw[len(heal):], b"") if raw.startswith(heal) else (b"", heal[len(raw):])
+            if trail is not None and len(trail) == len(ids):
+                trail.append(tok)  # the greedy continuation, for the next keystroke
             if t_first is None:
                 t_first = time.perf_counter()
-            if not ignore_eog and (self.model.is_eog(tok) or tok in self.stop_tokens):
+            if not spec.ignore_eog and self.ends(tok):
                 reason = "eog"
                 break
             ids.append(tok)
             piece = stream.feed(raw)
-            if piece and on_text:
-                on_text(piece)
-            shown = shown or bool(piece) or on_text is None
+            if piece and spec.on_text:
+                spec.on_text(piece)
+            shown = shown or bool(piece) or spec.on_text is None
             if stream.stop_reason:
                 reason = stream.stop_reason
                 break
             if len(ids) >= rules.max_tokens:
                 break
-            if should_stop is not None and should_stop():
+            if spec.should_stop is not None and spec.should_stop():
                 raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
-            yield SHOWN if shown else TOKEN
-            if should_stop is not None and should_stop():
-                raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
-            self.batch.clear()
-            self.batch.add(tok, n_prompt + len(ids) - 1, slot.seq, logits=True)
-            self.decode(slot)
-            row = 0
+            if computed:
+                yield SHOWN if shown else TOKEN
+                if spec.should_stop is not None and spec.should_stop():
+                    raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
         tail = stream.finish()
-        if tail and on_text:
-            on_text(tail)
+        if tail and spec.on_text:
+            spec.on_text(tail)
         return Generated(ids, stream, reason, t_first)
+
+    def logits_after(self, slot: Slot, prompt: np.ndarray, ids: list[int]) -> int:
+        """Decode what the slot lacks of ``prompt`` + ``ids`` (at least its last token, whose logits
+        are wanted: KV held beyond is cut); returns the logits' row in the batch."""
+        n = len(prompt) + len(ids)
+        have = min(len(slot.tokens), n - 1)
+        if have < len(slot.tokens):
+            if not self.ctx.seq_rm(slot.seq, have, -1):
+                self.ctx.seq_rm(slot.seq, 0, -1)
+                have = 0
+            slot.tokens = slot.tokens[:have]
+        seq = np.concatenate([prompt, np.asarray(ids, dtype=np.int32)]) if ids else prompt
+        while have < n:
+            part = seq[have:have + self.batch.capacity]
+            self.batch.clear()
+            self.batch.extend(part, have, slot.seq)
+            if have + len(part) == n:
+                self.batch.raw.logits[len(part) - 1] = True
+            self.decode(slot)
+            have += len(part)
+            slot.tokens = seq[:have]
+        return self.batch.raw.n_tokens - 1
+
+
+@dataclass
+class GenSpec:
+    """How a generation runs: its stop ``rules``; ``on_text`` receives the text shown;
+    ``should_stop()`` cancels (Cancelled) between tokens; ``heal`` is text backed off the prompt that
+    the first tokens must spell out again; ``known`` is the greedy continuation already known (from
+    an earlier generation on the same tokens, temperature 0 only); ``trail`` receives every token
+    determined (the end-of-generation token too): the next keystroke's known continuation."""
+
+    rules: StopRules
+    on_text: Callable[[str], None] | None = None
+    ignore_eog: bool = False
+    should_stop: Callable[[], bool] | None = None
+    heal: bytes = b""
+    known: Sequence[int] = ()
+    trail: list[int] | None = None
 
 
 def drive(steps):

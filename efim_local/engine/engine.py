@@ -26,6 +26,7 @@ from .completion import Completion
 from .cpu import FreeCores
 from .decode import Decoder, drive
 from .files import Files
+from .instant import Instant, ahead_steps, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .reuse import Reuse
 from .run import RunOptions, complete_steps, run_steps
@@ -95,6 +96,7 @@ class Engine:
                     self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
             self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens,
                                    observe=lambda n, c, ms: self.speed.observe(n, c, ms))
+            self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
@@ -166,9 +168,11 @@ class Engine:
         return background.drive_riding(complete_steps(self, req, RunOptions(on_text=on_text, should_stop=should_stop)),
                                        ride)
 
-    def run(self, tokens, how: Options, cold: bool = False, closers: str = "", path: str | None = None) -> Completion:
-        """Decode a token prompt in the best slot and generate; ``cold`` ignores all cached KV."""
-        return drive(run_steps(self, tokens, how, RunOptions(path=path, cold=cold, closers=closers)))
+    def run(self, tokens, how: Options, cold: bool = False, closers: str = "", path: str | None = None,
+            heal: bytes = b"") -> Completion:
+        """Decode a token prompt in the best slot and generate; ``cold`` ignores all cached KV; the
+        first tokens spell out ``heal`` (text backed off the prompt)."""
+        return drive(run_steps(self, tokens, how, RunOptions(path=path, cold=cold, closers=closers, heal=heal)))
 
     def fit_threads(self) -> None:
         """Automatic threads: as many as the cores other processes leave free (engine/cpu.py)."""
@@ -187,6 +191,10 @@ class Engine:
     def prefill(self, path: str, text: str, cursor: int, should_stop=None) -> None:
         """Compute the plan a request at ``cursor`` would make, then grow it (background.prefill_steps)."""
         drive(background.prefill_steps(self, path, text, cursor, should_stop))
+
+    def ahead(self, path: str, should_stop=None) -> None:
+        """Extend the greedy continuation of ``path``'s last answer (instant.ahead_steps)."""
+        drive(ahead_steps(self, path, should_stop) or iter(()))
 
     def calibrate(self, should_stop=None) -> None:
         """Measure the prefill speed and build the healer's index (background.calibrate_steps)."""
@@ -222,6 +230,7 @@ class Engine:
         """Empty every live slot (benchmarks: start each backend cold)."""
         for slot in self.slots.slots:
             self.reuse.clear(slot)
+        self.instant.clear()
 
     def status(self) -> dict:
         """What is loaded and how it is used (``efim status`` and the daemon's status)."""

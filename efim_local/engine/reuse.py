@@ -62,8 +62,9 @@ class Reuse:
         if slot.sparse and (not want_sparse or cold):  # approximate KV never serves an exact request
             self.clear(slot)
             n_common = 0
-        # The same prompt again leaves the KV as it was: nothing new to save.
-        same = n_common == len(prompt) == len(slot.tokens)
+        # The same prompt again leaves the KV as it was: nothing new to save (what was generated
+        # after it is kept too: the next keystroke may type through it).
+        same = n_common == len(prompt) <= len(slot.tokens)
         if slot.dirty and (slot.path != path or n_common < self.slots.min_reuse):
             self._save_unless(light, slot)  # the slot is about to serve another file or plan: keep its state
         if cold:
@@ -121,7 +122,8 @@ class Reuse:
 
     def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool,
                idle: bool = False) -> None:
-        """After decoding: keep the prompt's KV (as far as it was decoded), drop the output."""
+        """After decoding: keep the KV of the prompt (as far as it was decoded) and of the output
+        (``slot.tokens``: a keystroke that types the suggestion on continues from it)."""
         slot = start.slot
         slot.idle = idle
         if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
@@ -131,6 +133,7 @@ class Reuse:
                       and (slot.dirty or not start.same or cold))
         ck = checkpoint if checkpoint is not None else n_prompt - 1
         slot.checkpoint = max(0, min(ck, n_prompt - 1, len(slot.tokens)))
+        slot.n_prompt = n_prompt
 
     def clear(self, slot: Slot) -> None:
         """Empty a slot (its KV and its record)."""
@@ -208,7 +211,8 @@ class Reuse:
         if slot.sparse or self.store is None:  # a sparse slot is a subset of a state already stored
             return
         toks = slot.tokens
-        n = min(slot.checkpoint, len(toks)) if self.swa else len(toks)
+        # The prompt's KV, not the generated tokens kept after it (a next prompt rarely holds them).
+        n = min(slot.checkpoint if self.swa else len(toks), slot.n_prompt or len(toks), len(toks))
         if n < self.store.cfg.min_tokens:
             return
         if n < len(toks):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -19,7 +19,9 @@ from ..llama import Sampler, SamplerParams
 from ..prompt.healing import Healer
 from ..prompt.planner import Budget, Plan, line_start
 from ..request import CompletionRequest, Options
-from .completion import Completion, Timings, TokenCounts
+from .completion import Completion, Prompt, Timings, TokenCounts
+from .decode import GenSpec
+from .instant import Instant, Shown, Through, cached_completion, keep_known
 from .remote_steps import remote_steps
 from .stream import StopRules
 
@@ -48,6 +50,8 @@ class RunOptions:
     should_stop: Callable[[], bool] | None = None
     on_text: Callable[[str], None] | None = None
     t0: float | None = None
+    known: Sequence[int] | None = None  # type-through: the greedy continuation known (engine/instant.py)
+    trail: list[int] | None = None  # receives the greedy continuation (GenSpec.trail)
 
 
 def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
@@ -71,12 +75,19 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
     if not ro.idle:  # other work between this request's steps never picks, evicts or empties its slot
         engine.slots.busy.add(slot.seq)
     counts = TokenCounts(prompt=len(prompt))
+    known = ro.known or ()
     try:
-        evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop, ro.chunk)
+        ready = not (ro.known is not None and not ro.cold and keep_known(engine, slot, prompt, known))
+        if rules.max_tokens <= 0 and not ro.cold and start.n_common >= len(prompt):
+            ready = False  # idle work on a prompt the slot holds: nothing to do (what follows it stays)
+        evaluated = 0
+        if ready:  # (else the slot holds the prompt, and the known continuation's KV as far as it goes)
+            evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop,
+                                                                ro.chunk)
         counts.cached, counts.evaluated = len(prompt) - evaluated, evaluated
+        spec = GenSpec(rules, ro.on_text, how.ignore_eog, ro.should_stop, ro.heal, known, ro.trail)
         with Sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
-            gen = yield from engine.decoder.generate_steps(slot, len(prompt), sampler, rules, ro.on_text,
-                                                           how.ignore_eog, ro.should_stop, ro.heal)
+            gen = yield from engine.decoder.generate_steps(slot, prompt, sampler, spec, ready)
     except Cancelled as e:
         if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
             counts.generated = e.data["generated"]
@@ -96,13 +107,20 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
     return Completion(
         text=gen.stream.text, stop_reason=reason, layout="tokens", tokens=counts,
         timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
-        slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids)
+        slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids,
+        prompt=Prompt(tuple(int(t) for t in prompt), ro.heal, ro.closers))
 
 
 def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()):
     """Plan a request (within its latency budget), heal its partial word, run it (steps; returns a
-    Completion that reports the context it used)."""
+    Completion that reports the context it used). A request's keystroke that types on its file's
+    last answer is answered from that answer's trail; a plan answered before, from the cache
+    (``instant.py``; idle work does neither)."""
     t0 = time.perf_counter()
+    instant = None if ro.idle else engine.instant
+    through = instant.match(req) if instant is not None else None
+    if through is not None:
+        return (yield from through_steps(engine, req, through, ro, t0))
     plan = fit_budget(engine, req, engine.plan(req))
     engine.files.set_typed(req.path, plan.middle_tokens)
     tokens, heal = plan.tokens, b""
@@ -116,8 +134,28 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     context = context_report(plan)
     if plan.closers:
         context["closers"] = plan.closers
+    prompt, shown = Prompt(tuple(tokens), heal, plan.closers), None
+    if instant is not None:
+        key = instant.key(prompt, req.how, engine.max_tokens(req.how))
+        hit = instant.get(key, prompt)
+        if hit is not None:
+            out = cached_completion(hit, prompt)
+            if greedy(req.how) and plan.layout == "efim":
+                instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
+                                                 plan.closers, list(hit[3]), out.text, len(out.token_ids),
+                                                 engine.max_tokens(req.how), plan.middle_start, dict(context)))
+            out.timings = Timings(plan_ms=plan_ms, total_ms=(time.perf_counter() - t0) * 1e3)
+            out.reanchor = plan.reanchor
+            if ro.on_text is not None and out.text:  # streamed like any answer, at once
+                ro.on_text(out.text)
+            return out
+        if greedy(req.how) and plan.layout == "efim":  # the middle comes last: typing extends the prompt
+            shown = instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
+                                                     plan.closers, max_tokens=engine.max_tokens(req.how),
+                                                     checkpoint=plan.middle_start, context=dict(context)))
     ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
-                    idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text)
+                    idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
+                    trail=shown.ids if shown is not None else None)
     try:
         out = yield from run_steps(engine, tokens, req.how, ro)
     except Cancelled as e:
@@ -130,6 +168,31 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     if plan.prefix_trimmed or plan.suffix_trimmed:
         out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
     out.context = context
+    if shown is not None:
+        Instant.answered(shown, out)
+    if instant is not None and not (out.sparse and "fallback" not in out.sparse):  # approximate KV: not kept
+        instant.put(key, prompt, out, shown.ids if shown is not None else out.token_ids)
+    return out
+
+
+def greedy(how: Options) -> bool:
+    """Whether a request's answer is the greedy continuation (a function of its prompt alone)."""
+    return how.temperature <= 0 and not how.ignore_eog
+
+
+def through_steps(engine, req: CompletionRequest, th: Through, ro: RunOptions, t0: float):
+    """Answer a keystroke that types on the last answer (``instant.py``): its plan is that answer's
+    prompt plus the tokens typed, and the rest of its trail is known (steps; returns a Completion)."""
+    s = th.shown
+    engine.files.note_request(req.path, req.text, req.cursor)
+    new = engine.instant.remember(req.path, Shown(req.text, req.cursor, th.tokens, th.heal, s.closers, list(th.known),
+                                                  max_tokens=engine.max_tokens(req.how), checkpoint=s.checkpoint,
+                                                  context=dict(s.context)))
+    out = yield from run_steps(engine, th.tokens, req.how, RunOptions(
+        path=req.path, t0=t0, checkpoint=s.checkpoint, heal=th.heal, closers=s.closers, chunk=ro.chunk,
+        should_stop=ro.should_stop, on_text=ro.on_text, known=th.known, trail=new.ids))
+    out.source, out.layout, out.context = th.source, "efim", dict(s.context)
+    Instant.answered(new, out)
     return out
 
 

@@ -5,7 +5,8 @@ a growth chunk, an idle prefill chunk, calibration, a save. Like llama.cpp serve
 thread takes one step at a time and picks the next by priority:
 
 1. calls (status, test hooks: short, synchronous);
-2. a waiting request: it starts at once, between two steps of any other;
+2. a waiting request: it starts at once, between two steps of any other (a request it superseded
+   ends first: it frees its slot, and its trail is the new one's, ``instant.py``);
 3. requests already running: prefill before generation, generation in turns, one token each; growth
    rides along a reduced request's generation (``background.Alongside``) when no request waits;
 4. after a short grace, background work, the file of the latest request first (it is nearest the
@@ -133,14 +134,19 @@ class Scheduler:
             self.calls.append((fn, Future()))
             self.cond.notify()
 
-    def add_background(self, fn: Callable, key: Any = None, path: str | None = None) -> None:
+    def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
         """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
-        is replaced (the newer one knows better, e.g. the cursor moved again)."""
+        is replaced (the newer one knows better, e.g. the cursor moved again); ``first`` queues it
+        before the others (the continuation of a shown answer: the user may take it any moment)."""
         with self.cond:
             if key is not None:
                 for old in [w for w in self.background if w.key == key]:
                     self.background.remove(old)
-            self.background.append(BackgroundTask(key, fn, path))
+            task = BackgroundTask(key, fn, path)
+            if first:
+                self.background.appendleft(task)
+            else:
+                self.background.append(task)
             self.cond.notify()
 
     def pending_background(self) -> int:
@@ -184,8 +190,13 @@ class Scheduler:
                 if self.calls:
                     work = ("call", self.calls.popleft())
                 elif self.waiting:
-                    work = ("start", self.waiting.popleft())
-                    self.running.insert(0, work[1])
+                    # A superseded request ends first: its slot and its trail are the next one's.
+                    doomed = next((t for t in self.running if t.cancelled.is_set()), None)
+                    if doomed is not None:
+                        work = ("step", doomed)
+                    else:
+                        work = ("start", self.waiting.popleft())
+                        self.running.insert(0, work[1])
                 elif self.running:
                     work = ("step", self.running[0])
                 elif self.stopping:

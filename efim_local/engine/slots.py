@@ -20,6 +20,7 @@ class Slot:
     path: str | None = None  # the document it last served
     dirty: bool = False  # holds KV not yet saved to the state store
     checkpoint: int = 0  # sliding-window models: the length worth saving (the prompt's head)
+    n_prompt: int | None = None  # where the last generation's tokens start (a saved state stops there)
     sparse: bool = False  # holds a sparse (approximate) restore: never saved, never reused exactly
     idle: bool = False  # last decoded by idle work (growth, prefill): its tail is the work's own to cut
 
@@ -29,6 +30,7 @@ class Slot:
 
     def reset(self) -> None:
         self.tokens, self.dirty, self.sparse, self.idle = self.tokens[:0], False, False, False
+        self.n_prompt = None
 
 
 class SlotManager:

@@ -195,7 +195,7 @@ class EfimServer(LanguageServer):
             "model": self.model, "latency_ms": round(latency_ms, 3), "daemon_rtt_ms": round(daemon_rtt_ms, 3),
             "daemon_ms": (result.get("timings") or {}).get("total_ms"),
             "cache_tier": result.get("cache_tier"), "tokens": result.get("tokens"), "context": result.get("context"),
-            "stop_reason": result.get("stop_reason")})
+            "stop_reason": result.get("stop_reason"), "source": result.get("source")})
 
     async def fetch_model(self) -> None:
         try:

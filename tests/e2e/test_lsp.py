@@ -110,6 +110,7 @@ async def test_initialize_open_complete_and_word_range(client, daemon):
     # the status notification: model, latency, cache tier
     st = client.efim_status[-1]
     assert st["model"].endswith("tiny.gguf") and st["latency_ms"] > 0 and st["cache_tier"] in ("slot", "ram", "disk", "none")
+    assert st["source"] in ("computed", "type-through", "accept", "cache")
     assert st["context"]["tokens"] > 0 and st["context"]["share"] == 1.0  # the context the answer used
 
 

@@ -47,8 +47,9 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     first = cli(env, *args, "-v")
     assert json.loads(first.stdout)["via"] == "daemon"
     assert first.stderr.decode() == f"efim: answered by the daemon on {tmp_path / 'rt' / 'efim' / 'efim.sock'}\n"
-    second = json.loads(cli(env, *args).stdout)
-    assert second["via"] == "daemon" and second["cache_tier"] == "slot"
+    # (another max_tokens: the same request again would be answered by the daemon's answer cache)
+    second = json.loads(cli(env, *args[:-1], "4").stdout)
+    assert second["via"] == "daemon" and second["cache_tier"] == "slot" and second["source"] == "computed"
 
     st = json.loads(cli(env, "daemon", "status", "--json").stdout)
     layout, why = st["layout"], st["layout_reason"]
@@ -66,7 +67,7 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert re.search(f"complete {re.escape(str(src))} layout={layout} context=\\d+/\\d+\\(100%\\) cached=0 evaluated=",
                      lines[0]), lines[0]  # the context used, of the full plan's, and not reduced
     assert "tier=none reanchor=new_session" in lines[0]
-    assert "cached=" in lines[1] and "evaluated=1 generated=3 tier=slot reanchor=- " in lines[1]
+    assert "cached=" in lines[1] and "evaluated=1 generated=4 tier=slot reanchor=- source=computed " in lines[1]
     assert f"first request: layout {layout} ({why})" in logs
     assert "DEBUG" not in logs and "watchdog" not in logs  # no library chatter without -v
     assert cli(env, "daemon", "logs", "-n", "1").stdout.decode().count("\n") == 1
@@ -132,8 +133,9 @@ def test_cache_tier_agrees_with_cached_tokens(tmp_path, tiny_model):
             docs = ["x = 1\n", "def f(a):\n    return a\n", "import os\nprint(os.getcwd())\n", "y = 2\nz = 3\n"]
             for i, text in enumerate(docs * 3):
                 for stream in (True, False):
+                    # (max_tokens differs from one document to the next: the answer cache does not answer them)
                     out = c.call("complete", {"path": f"/w/f{i % 5}.py", "text": text, "offset": len(text),
-                                              "max_tokens": 3, "stream": stream}, on_notification=lambda m: None)
+                                              "max_tokens": 2 + i, "stream": stream}, on_notification=lambda m: None)
                     seen.append((out["tokens"]["cached"], out["cache_tier"]))
     finally:
         d.stop()

@@ -195,6 +195,68 @@ def test_ghost_text_tab_and_next_word_in_code_server(vscode, page, tmp_path):
     assert acc["partial"] + acc["completions"] >= 2 and acc["accepted_chars"] > len(inserted), acc
 
 
+# Counts the times the ghost text leaves the editor's DOM (a flicker) from now on.
+WATCH_GHOST = """(sel) => {
+  window.__ghostGone = 0;
+  let shown = document.querySelectorAll(sel).length > 0;
+  new MutationObserver(() => {
+    const now = document.querySelectorAll(sel).length > 0;
+    if (shown && !now) window.__ghostGone += 1;
+    shown = now;
+  }).observe(document.body, { childList: true, subtree: true, characterData: true });
+}"""
+
+
+def ghost_text(page) -> str:
+    return "".join(e.text_content() for e in page.query_selector_all(GHOST)).replace("\u00a0", " ")
+
+
+def test_typing_the_ghost_keeps_it_and_tab_inserts_the_rest(vscode, page, tmp_path):
+    """Typing the ghost's next characters keeps it shown (never leaves the DOM: no flicker) while
+    the daemon answers from what it generated; Tab inserts the rest."""
+    url, ws, sock = vscode
+    page.wait_for_selector(".statusbar-item:has-text('efim: ready')", timeout=60_000)
+    page.keyboard.press("Control+P")
+    page.wait_for_selector(".quick-input-widget input", timeout=20_000)
+    page.keyboard.type("app.py")
+    page.wait_for_selector(".quick-input-list .monaco-list-row", timeout=20_000)
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".monaco-editor .view-line", timeout=20_000)
+    page.click(".monaco-editor .view-lines")
+    page.keyboard.press("Control+End")
+    for prefix in ("x = gre", "y = na", "z = ret", "w = hel"):
+        page.keyboard.type(prefix, delay=30)
+        wait_ghost(page, tmp_path)
+        page.wait_for_timeout(300)
+        shown = ghost_text(page)
+        chars = shown[:2]
+        if len(shown.strip()) > 3 and chars.isascii() and chars.isprintable() and chars.strip():
+            break
+        page.keyboard.press("Escape")
+        page.keyboard.press("End")
+        page.keyboard.press("Enter")
+    else:
+        pytest.fail("no ghost began with characters to type")
+    page.evaluate(WATCH_GHOST, GHOST)
+    page.keyboard.type(chars, delay=80)
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__ghostGone") == 0, "the ghost left while its characters were typed"
+    rest = ghost_text(page)
+    assert rest and (shown[2:].startswith(rest) or rest.startswith(shown[2:])), (shown, rest)
+    page.keyboard.press("Tab")
+    page.keyboard.press("Control+S")
+    deadline = time.monotonic() + 20
+    while prefix not in (ws / "app.py").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    saved = (ws / "app.py").read_text()
+    assert prefix + chars + rest in saved, (saved, chars, rest)
+    from efim_local.daemon.client import Client
+
+    with Client(sock, timeout=10) as c:
+        sources = c.call("status")["requests"]["sources"]
+    assert sources["type-through"] + sources["accept"] >= 1, sources
+
+
 @pytest.mark.parametrize("vscode", [{"efim.path": "/nonexistent/bin/efim"}], indirect=True)
 def test_missing_efim_gets_a_clear_message(vscode, page):
     toast = page.wait_for_selector(".notifications-toasts :text('was not found')", timeout=60_000)

@@ -147,8 +147,28 @@ local function show(o, text, res, chain)
                                                         virt_text_pos = "eol", hl_mode = "combine" })
   end
   chain = chain or { offered = text, taken = 0 }
+  local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
   st.ghost = { buf = o.buf, row = o.row, col = o.col, tick = o.tick, id = o.id, path = o.path, text = text,
-               res = res, offered = chain.offered, taken = chain.taken }
+               res = res, offered = chain.offered, taken = chain.taken, line = line }
+end
+
+-- How many bytes of the ghost were typed since it was shown (0: the change is not typing it): the
+-- cursor moved right on its line, and the line is what it was with the ghost's next bytes inserted.
+local function typed_into(g)
+  if vim.api.nvim_get_current_buf() ~= g.buf then return 0 end
+  local r, c = unpack(vim.api.nvim_win_get_cursor(0))
+  local n = c - g.col
+  if r - 1 ~= g.row or n <= 0 or n >= #g.text then return 0 end
+  local line = vim.api.nvim_buf_get_lines(g.buf, g.row, g.row + 1, false)[1] or ""
+  if line ~= g.line:sub(1, g.col) .. g.text:sub(1, n) .. g.line:sub(g.col + 1) then return 0 end
+  return n
+end
+
+-- The user typed the ghost's next characters: keep showing the rest where the cursor now is (the
+-- daemon answers the request that follows from what it generated: the same text, or more).
+local function type_through(g, n)
+  show({ buf = g.buf, row = g.row, col = g.col + n, tick = vim.b[g.buf].changedtick, id = g.id, path = g.path },
+    g.text:sub(n + 1), g.res, g)
 end
 
 -- -- requests -------------------------------------------------------------------------------------
@@ -199,7 +219,9 @@ send_complete = function(req)
       if st.req ~= req then return end
       if req.stream_id ~= id then req.text, req.stream_id, o.id = "", id, id end -- a retry starts over
       req.text = req.text .. piece
-      if still_at(o) then show(o, req.text, nil) end
+      local g = st.ghost -- (a ghost typed through already shows more of it: no flicker)
+      local more = g and g.buf == o.buf and g.row == o.row and g.col == o.col and g.text:sub(1, #req.text) == req.text
+      if still_at(o) and not more then show(o, req.text, nil) end
     end,
   })
   o.id = req.entry.id
@@ -251,6 +273,7 @@ local function accept(pick)
       g.res, g)
   else
     report_accepted(g)
+    st.accepted_tick = vim.b[g.buf].changedtick -- the next completion is asked for at once: it is ready
   end
   return true
 end
@@ -273,11 +296,18 @@ local function on_text_changed(ev)
   if g and g.buf == vim.api.nvim_get_current_buf() and g.tick == vim.b[g.buf].changedtick then
     return -- our own partial accept
   end
-  M.dismiss()
+  local n = g and ev.event == "TextChangedI" and typed_into(g) or 0
+  if n > 0 then
+    type_through(g, n)
+  else
+    M.dismiss()
+  end
   cancel_request()
   if not M.config.auto or ev.event == "TextChangedP" or not M.is_enabled() then return end
+  local accepted = st.accepted_tick == vim.b.changedtick
+  st.accepted_tick = nil
   if st.timer then st.timer:stop() else st.timer = uv.new_timer() end
-  st.timer:start(M.config.debounce_ms, 0, vim.schedule_wrap(function()
+  st.timer:start(accepted and 0 or M.config.debounce_ms, 0, vim.schedule_wrap(function()
     if vim.api.nvim_get_mode().mode:sub(1, 1) == "i" and vim.fn.pumvisible() == 0 then M.trigger() end
   end))
 end
@@ -294,7 +324,7 @@ local function cursor_settled()
 end
 
 local function on_cursor_moved()
-  if st.ghost and not cursor_at(st.ghost) then M.dismiss() end
+  if st.ghost and not cursor_at(st.ghost) and typed_into(st.ghost) == 0 then M.dismiss() end
   if st.req and not cursor_at(st.req.origin) then cancel_request() end
   if M.config.cursor_debounce_ms <= 0 then return end
   if st.cursor_timer then st.cursor_timer:stop() else st.cursor_timer = uv.new_timer() end

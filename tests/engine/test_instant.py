@@ -1,0 +1,189 @@
+"""Instant answers (issue 24): a keystroke that types on the shown answer, an accept, and a plan
+answered before are served without evaluating a prompt token, and each answer equals the same plan
+computed cold (temperature 0)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from efim_local.engine import CompletionRequest, Engine
+from efim_local.request import Options
+
+from tests.helpers import small_config, sources
+
+CFG = dict(n_ctx_seq=2048, max_tokens=12, heal=True, answer_cache=256)
+REPLACEMENT = "\ufffd"  # shown for bytes that are not UTF-8 yet: typing it types other bytes
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    with Engine(small_config(**CFG), tiny_model) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    with Engine(small_config(n_slots=1, **CFG), tiny_model) as e:
+        yield e
+
+
+def cold(reference, out, how=None):
+    """The plan an answer came from, computed cold."""
+    p = out.prompt
+    return reference.run(p.tokens, how or Options(), cold=True, closers=p.closers, heal=p.heal)
+
+
+class Decodes:
+    """Counts the engine's llama_decode calls (what a known answer must not need)."""
+
+    def __init__(self, engine):
+        self.n, self.decoder = 0, engine.decoder
+        self.plain = self.decoder.decode
+
+    def __enter__(self):
+        def counted(slot):
+            self.n += 1
+            return self.plain(slot)
+
+        self.decoder.decode = counted
+        return self
+
+    def __exit__(self, *exc):
+        self.decoder.decode = self.plain
+
+
+def doc_at(i: int, at: int) -> tuple[str, int]:
+    src = sources()[i][:3000]
+    cur = src.index("\n", at) + 1 + 4
+    return src, min(cur, len(src))
+
+
+@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(i=st.integers(0, 5), at=st.integers(300, 2500), ahead=st.booleans(),
+       steps=st.lists(st.integers(1, 4), min_size=1, max_size=5))
+def test_typing_the_answer_is_answered_from_its_trail_and_equals_cold(engine, reference, i, at, ahead, steps):
+    doc, cur = doc_at(i, at)
+    path = f"through-{i}.py"
+    engine.clear_slots()
+    out = engine.complete(CompletionRequest(doc, cur, path=path))
+    assert out.source == "computed" and out.text == cold(reference, out).text
+    for n in steps:
+        if ahead:
+            engine.ahead(path)
+        typed = out.text[:n]
+        if not typed:
+            break
+        doc, cur = doc[:cur] + typed + doc[cur:], cur + len(typed)
+        with Decodes(engine) as d:
+            out = engine.complete(CompletionRequest(doc, cur, path=path))
+        assert out.text == cold(reference, out).text, (typed, out.source)
+        if REPLACEMENT not in typed:
+            assert out.source in ("type-through", "accept") and out.tokens.evaluated == 0
+            if ahead:  # the continuation was computed ahead: nothing is decoded
+                assert d.n == 0, (typed, out.stop_reason)
+
+
+def test_accept_after_ahead_needs_no_decode(engine, reference):
+    doc, cur = doc_at(2, 1200)
+    engine.clear_slots()
+    out = engine.complete(CompletionRequest(doc, cur, path="accept.py"))
+    engine.ahead("accept.py")  # while the answer is shown
+    assert len(engine.instant.shown["accept.py"].ids) > len(out.token_ids)
+    engine.instant.note_accepted("accept.py")  # the editor's accepted notification
+    doc, cur = doc[:cur] + out.text + doc[cur:], cur + len(out.text)
+    with Decodes(engine) as d:
+        nxt = engine.complete(CompletionRequest(doc, cur, path="accept.py"))
+    assert nxt.source == "accept" and nxt.tokens.evaluated == 0
+    assert d.n == 0 or nxt.stop_reason == "eog"
+    assert nxt.text == cold(reference, nxt).text
+
+
+def test_accept_word_keeps_the_kv_and_equals_cold(engine, reference):
+    doc, cur = doc_at(4, 900)
+    engine.clear_slots()
+    out = engine.complete(CompletionRequest(doc, cur, path="word.py", max_tokens=16))
+    engine.ahead("word.py")
+    word = out.text[:max(1, len(out.text) // 2)]
+    doc, cur = doc[:cur] + word + doc[cur:], cur + len(word)
+    nxt = engine.complete(CompletionRequest(doc, cur, path="word.py", max_tokens=16))
+    assert nxt.text == cold(reference, nxt, Options(max_tokens=16)).text
+    if REPLACEMENT not in word:
+        assert nxt.source == "type-through" and nxt.tokens.evaluated == 0
+
+
+def test_the_same_plan_again_is_answered_from_the_cache(engine, reference):
+    doc, cur = doc_at(3, 700)
+    engine.clear_slots()
+    first = engine.complete(CompletionRequest(doc, cur, path="cache.py"))
+    # type a character, then delete it: the plan is the first one again
+    engine.complete(CompletionRequest(doc[:cur] + "#" + doc[cur:], cur + 1, path="cache.py"))
+    again = engine.complete(CompletionRequest(doc, cur, path="cache.py"))
+    assert again.source == "cache" and again.tokens.evaluated == 0 and again.text == first.text
+    assert again.text == cold(reference, again).text
+    # shared by content: another path (another editor, the CLI) with the same plan
+    other = engine.complete(CompletionRequest(doc, cur, path="cache-copy.py"))
+    assert other.text == cold(reference, other).text
+    assert other.source == ("cache" if other.prompt == again.prompt else "computed")
+    # other options that shape the output are another entry
+    shorter = engine.complete(CompletionRequest(doc, cur, path="cache.py", max_tokens=3))
+    assert shorter.source == "computed"
+
+
+def test_typing_off_the_answer_is_computed(engine, reference):
+    doc, cur = doc_at(1, 800)
+    engine.clear_slots()
+    out = engine.complete(CompletionRequest(doc, cur, path="off.py"))
+    wrong = "@" if not out.text.startswith("@") else "!"
+    doc, cur = doc[:cur] + wrong + doc[cur:], cur + 1
+    nxt = engine.complete(CompletionRequest(doc, cur, path="off.py"))
+    assert nxt.source == "computed" and nxt.tokens.evaluated > 0
+
+
+def test_sampled_answers_are_never_typed_through(engine):
+    doc, cur = doc_at(0, 600)
+    engine.clear_slots()
+    out = engine.complete(CompletionRequest(doc, cur, path="hot.py", temperature=0.8, seed=3))
+    if not out.text:
+        return
+    doc, cur = doc[:cur] + out.text[:1] + doc[cur:], cur + 1
+    nxt = engine.complete(CompletionRequest(doc, cur, path="hot.py", temperature=0.8, seed=3))
+    assert nxt.source == "computed"
+
+
+def test_a_superseded_answer_is_typed_through(engine, reference):
+    """While an answer streams, the user types its first character: the newer request supersedes
+    it, the older ends first (its slot and trail are the newer one's), and the newer is answered
+    from the trail it left."""
+    import threading
+
+    from efim_local.engine.scheduler import RequestTask, Scheduler
+
+    engine.clear_slots()
+    s = Scheduler(engine)
+    thread = threading.Thread(target=s.run, daemon=True)
+    thread.start()
+    results, ended = {}, threading.Event()
+    doc, cur = doc_at(5, 1500)
+    try:
+        def typed(piece):
+            if "second" in results or not piece or REPLACEMENT in piece[0]:
+                return
+            results["second"] = None
+            d = doc[:cur] + piece[0] + doc[cur:]
+            s.submit(RequestTask("k", CompletionRequest(d, cur + 1, path="sup.py", max_tokens=12),
+                                 lambda out, err: (results.__setitem__("second", (out, err)), ended.set())))
+
+        first = RequestTask("k", CompletionRequest(doc, cur, path="sup.py", max_tokens=12),
+                            lambda out, err: results.__setitem__("first", (out, err)), on_text=typed)
+        s.submit(first)
+        assert ended.wait(120)
+    finally:
+        s.stop()
+        thread.join(120)
+    out, err = results["second"]
+    assert err is None, err
+    from efim_local.errors import Cancelled
+
+    assert isinstance(results["first"][1], Cancelled)  # superseded while it streamed
+    assert out.source == "type-through" and out.tokens.evaluated == 0
+    assert out.text == cold(reference, out).text
