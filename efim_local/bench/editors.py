@@ -61,6 +61,7 @@ class Outcome:
     evaluated: int | None = None
     reanchor: str | None = None
     wait_ms: float | None = None  # round trip less the backend's own time: queueing and IPC
+    source: str | None = None  # efim: computed, type-through, accept or cache (docs/protocol.md)
 
 
 class EfimEditor:
@@ -118,6 +119,7 @@ class EfimEditor:
         out.t_first_derived = out.t_done - tm["predict_ms"] / 1e3
         out.wait_ms = (out.t_done - out.t_send) * 1e3 - tm["total_ms"]
         out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
+        out.source = res.get("source")
 
     def cancel(self, older: threading.Thread) -> None:
         """The user typed on: cancel the request if it still runs (its id is 1 on its connection)."""

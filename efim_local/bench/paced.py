@@ -160,7 +160,7 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
         rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "ttft_derived_ms": derived,
                      "cancelled": o.cancelled,
                      "stale": o.t_first is None or o.t_first > next_key,  # no ghost before the next key
-                     "evaluated": o.evaluated, "reanchor": o.reanchor, "wait_ms": o.wait_ms,
+                     "evaluated": o.evaluated, "reanchor": o.reanchor, "wait_ms": o.wait_ms, "source": o.source,
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
 

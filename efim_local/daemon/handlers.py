@@ -111,7 +111,7 @@ class Handlers:
         check_size(text)
         n = param(p, "accepted", int, lo=0, hi=len(text))
         if n:  # the next keystroke takes what was accepted: answered from the continuation computed ahead
-            self.worker.post(lambda engine: engine.instant.note_accepted(path))
+            self.worker.post(lambda engine: engine.instant and engine.instant.note_accepted(path))
         a = self.acceptance
         a["completions" if n == len(text) else "partial"] += 1
         a["offered_chars"] += len(text)

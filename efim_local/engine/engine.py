@@ -230,7 +230,8 @@ class Engine:
         """Empty every live slot (benchmarks: start each backend cold)."""
         for slot in self.slots.slots:
             self.reuse.clear(slot)
-        self.instant.clear()
+        if self.instant is not None:
+            self.instant.clear()
 
     def status(self) -> dict:
         """What is loaded and how it is used (``efim status`` and the daemon's status)."""

@@ -192,7 +192,7 @@ def ahead_steps(engine, path: str, should_stop=None):
     """Extend ``path``'s trail from the KV's end while its answer is shown (background steps, one
     token each): the next completion after an accept is then known. Up to the answer's length plus
     the request's max_tokens, or the end of generation; nothing when the slot lost the KV."""
-    s = engine.instant.shown.get(path)
+    s = engine.instant.shown.get(path) if engine.instant is not None else None
     if s is None or not healed(engine.model, s):
         return
 

@@ -61,7 +61,8 @@ class RemoteEngine(Engine):
             self.model = stack.enter_context(Model(model_path, vocab_only=True))
             self.template, self.planner = make_planner(self.model, config)
             self.remote = open_pool(config)
-            self.sparse = self.store = self.cores = self.speed_file = None
+            # No local KV: no type-through, accept or answer cache from it (instant.py).
+            self.sparse = self.store = self.cores = self.speed_file = self.instant = None
             self.slots, self.files, self.reuse = SlotManager(0), Files(), _NoReuse()
             self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
             self.speed, self._saved_speed = PrefillSpeed(), 0
@@ -96,5 +97,6 @@ def open_remote(config: Config, model_path: str | Path, store=None) -> Engine:
         engine.close()
         raise
     engine.default_heal, engine.heal_reason = False, "remote backend: healing runs in-process only"
+    engine.instant = None  # answers come from the replicas: no type-through from local KV
     return engine
 
