@@ -146,9 +146,9 @@ def wait_ghost(page, tmp_path: Path):
         pytest.fail("no ghost text; screenshot in " + str(tmp_path / "no-ghost.png") + "\n" + "\n".join(logs))
 
 
-def test_ghost_text_tab_and_next_word_in_code_server(vscode, page, tmp_path):
-    url, ws, sock = vscode
-    # the extension's language client is up (its provider registered) when its status-bar item says so
+def open_app_at_its_end(page) -> None:
+    """Open app.py once the extension is ready (its language client is up, its provider registered,
+    when its status-bar item says so), with the cursor at the end."""
     page.wait_for_selector(".statusbar-item:has-text('efim: ready')", timeout=60_000)
     page.keyboard.press("Control+P")
     page.wait_for_selector(".quick-input-widget input", timeout=20_000)
@@ -158,6 +158,11 @@ def test_ghost_text_tab_and_next_word_in_code_server(vscode, page, tmp_path):
     page.wait_for_selector(".monaco-editor .view-line", timeout=20_000)
     page.click(".monaco-editor .view-lines")
     page.keyboard.press("Control+End")
+
+
+def test_ghost_text_tab_and_next_word_in_code_server(vscode, page, tmp_path):
+    url, ws, sock = vscode
+    open_app_at_its_end(page)
     page.keyboard.type("x = gre", delay=30)
     ghost = wait_ghost(page, tmp_path)
     page.wait_for_timeout(300)  # let the suggestion settle before reading it
@@ -215,15 +220,7 @@ def test_typing_the_ghost_keeps_it_and_tab_inserts_the_rest(vscode, page, tmp_pa
     """Typing the ghost's next characters keeps it shown (never leaves the DOM: no flicker) while
     the daemon answers from what it generated; Tab inserts the rest."""
     url, ws, sock = vscode
-    page.wait_for_selector(".statusbar-item:has-text('efim: ready')", timeout=60_000)
-    page.keyboard.press("Control+P")
-    page.wait_for_selector(".quick-input-widget input", timeout=20_000)
-    page.keyboard.type("app.py")
-    page.wait_for_selector(".quick-input-list .monaco-list-row", timeout=20_000)
-    page.keyboard.press("Enter")
-    page.wait_for_selector(".monaco-editor .view-line", timeout=20_000)
-    page.click(".monaco-editor .view-lines")
-    page.keyboard.press("Control+End")
+    open_app_at_its_end(page)
     for prefix in ("x = gre", "y = na", "z = ret", "w = hel"):
         page.keyboard.type(prefix, delay=30)
         wait_ghost(page, tmp_path)
