@@ -57,7 +57,6 @@ class RunOptions:
 def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
     """Decode a token prompt in the best slot and generate (steps; returns a Completion)."""
     t0 = ro.t0 if ro.t0 is not None else time.perf_counter()
-    engine.fit_threads()
     prompt = np.asarray(tokens, dtype=np.int32)
     if len(prompt) == 0:
         raise InvalidParams("invalid params: the prompt is empty")
