@@ -42,8 +42,10 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     src = tmp_path / "a.py"
     src.write_text(DOC)
     args = ["complete", str(src), "-l", "3", "-c", "1", "--json", "--max-tokens", "3"]
-    follow = subprocess.Popen([sys.executable, "-m", "efim_local.cli", "daemon", "logs", "-f", "-n", "0"],
+    follow = subprocess.Popen([sys.executable, "-m", "efim_local.cli", "daemon", "logs", "-f", "-n", "1"],
                               env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
+    # its first line (the daemon's last one, "serving on") proves it is following before any request
+    assert "serving on" in follow.stdout.readline()
     first = cli(env, *args, "-v")
     assert json.loads(first.stdout)["via"] == "daemon"
     assert first.stderr.decode() == f"efim: answered by the daemon on {tmp_path / 'rt' / 'efim' / 'efim.sock'}\n"
