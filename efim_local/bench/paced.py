@@ -232,7 +232,7 @@ def run(cfg: PacedConfig) -> dict:
     st = st[:fired[-1].step + 2] if fired else st
     full = full_tokens(cfg.model, fired, cfg.n_ctx)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if cfg.busy else None
-    rows, notes, threads = {}, [], {}
+    rows, notes, threads, engine_time = {}, [], {}, {}
     try:
         conf = {"max_tokens": cfg.max_tokens}
         if cfg.max_prompt_ms is not None:  # None: the config's default budget
@@ -246,6 +246,7 @@ def run(cfg: PacedConfig) -> dict:
             st_ = ed.ctl.call("status")  # the threads it ended with, and why
             threads = {k: st_.get(k) for k in ("threads", "threads_batch", "threads_auto", "cores_free",
                                                "cores_used_by_others")}
+            engine_time = st_.get("engine_time_s", {})  # where the engine's time went
         finally:
             ed.close()
             proc.terminate()
@@ -271,4 +272,5 @@ def run(cfg: PacedConfig) -> dict:
             "auto_pair_keys": sum(s.kind == "over" for s in st) + sum(
                 1 for s in st if s.kind == "key" and s.change and len(s.change[2]) == 2),
             "duration_s": st[-1].t if st else 0, "busy": cfg.busy, "max_prompt_ms": cfg.max_prompt_ms,
-            "summary": summary, "rows": rows, "full_tokens": full, "notes": notes, "efim_threads": threads}
+            "summary": summary, "rows": rows, "full_tokens": full, "notes": notes, "efim_threads": threads,
+            "engine_time_s": engine_time}

@@ -91,9 +91,11 @@ def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | 
         (tmp / "config.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
         env["EFIM_CONFIG"] = str(tmp / "config.toml")
     args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model), *extra]
+    if os.environ.get("EFIM_BENCH_DAEMON_VERBOSE"):
+        args.append("-v")
     if template:
         args += ["--fim-template", template]
-    # EFIM_BENCH_DAEMON_LOG=FILE keeps the daemon's log (add "-v" to its arguments for the engine's debug lines).
+    # EFIM_BENCH_DAEMON_LOG=FILE keeps the daemon's log (EFIM_BENCH_DAEMON_VERBOSE=1: with the engine's debug lines).
     log = os.environ.get("EFIM_BENCH_DAEMON_LOG")
     err = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the daemon's, for its lifetime
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err)

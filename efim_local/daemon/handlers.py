@@ -99,7 +99,9 @@ class Handlers:
                      "served": self.worker.served, "errors": self.worker.errors,
                      "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else [],
                      "accepted": dict(self.acceptance)})
-        info.update(requests=self.worker.stats.summary(), python_threads=threading.active_count())
+        spent = dict(self.worker.scheduler.spent)  # where the engine's time went, by kind of work
+        info.update(requests=self.worker.stats.summary(), python_threads=threading.active_count(),
+                    engine_time_s={k: round(v, 2) for k, v in sorted(spent.items())})
         return info
 
     def accepted(self, conn, msg):

@@ -93,6 +93,8 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
             e.data = {"tokens": asdict(counts), "timings": {"prompt_ms": (e.data["first_token_at"] - t0) * 1e3}}
         raise
     finally:
+        log.debug("run %s%s: slot %d from %d (%s) of %d, now %d", "idle " if ro.idle else "", ro.path, slot.seq,
+                  start.n_common, start.tier, len(prompt), len(slot.tokens))
         engine.slots.busy.discard(slot.seq)
         engine.reuse.finish(start, ro.path, len(prompt), ro.checkpoint, ro.cold, ro.idle)
     t2 = time.perf_counter()

@@ -85,6 +85,10 @@ class Scheduler:
         self.last_path: str | None = None
         self.save_at: float | None = None
         self.idle_at = 0.0
+        self.spent: dict[str, float] = {}  # engine seconds by kind of work (status: where the time goes)
+
+    def _spend(self, kind: str, since: float) -> None:
+        self.spent[kind] = self.spent.get(kind, 0.0) + time.perf_counter() - since
 
     # -- called from any thread ------------------------------------------------------------
     def submit(self, task: RequestTask) -> list[RequestTask]:
@@ -207,15 +211,20 @@ class Scheduler:
                 else:
                     work = ("background", None)
             kind, item = work
+            t = time.perf_counter()
             if kind != "background":
                 self._close_background()  # a request or a call comes first: background work goes on later
+                self._spend("background", t)
+                t = time.perf_counter()
             if kind == "call":
                 self._call(*item)
+                self._spend("call", t)
             elif kind in ("start", "step"):
-                self._step(item)
+                self._step(item)  # (counts its own time)
             elif kind == "save":
                 self.save_at = None
                 self._quietly(self.engine.flush)  # a pause in typing: keep the states
+                self._spend("save", t)
             else:
                 self._background_step()
 
@@ -234,6 +243,8 @@ class Scheduler:
 
     def _step(self, task: RequestTask) -> None:
         """One step of a request: start it, or its next prefill batch or token."""
+        t = time.perf_counter()
+        kind = PREFILL
         try:
             if task.steps is None:
                 if task.cancelled.is_set():
@@ -247,16 +258,21 @@ class Scheduler:
                     on_text=task.on_text, should_stop=task.cancelled.is_set))
             kind = next(task.steps)
         except StopIteration as done:
+            self._spend(task.phase, t)
             self._end(task, done.value, None)
             return
         except BaseException as e:  # noqa: BLE001 - handed to the task's owner (SystemExit too)
+            self._spend(task.phase, t)
             self._end(task, None, e)
             if not isinstance(e, Exception):
                 raise
             return
         task.phase = "prefill" if kind == PREFILL else "generate"
+        self._spend(task.phase, t)
         if kind == SHOWN:
+            t = time.perf_counter()
             task.ride.step()
+            self._spend("grow_riding", t)
         with self.cond:  # generation takes turns; a prefill goes on first
             if task.phase == "generate" and len(self.running) > 1 and self.running[0] is task:
                 self.running.append(self.running.pop(0))
@@ -275,6 +291,7 @@ class Scheduler:
 
     def _background_step(self) -> None:
         """One step of background work: the started task, else the next (the latest file's first)."""
+        t = time.perf_counter()
         with self.cond:
             if self.current is None:
                 if not self.background:
@@ -297,6 +314,8 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - background work never takes the engine thread down
             log.exception("background work failed")
             self._drop_current()
+        finally:
+            self._spend(f"idle_{task.key[0] if isinstance(task.key, tuple) else task.key}", t)
 
     def _close_background(self) -> None:
         """Stop the started background task (what it computed stays in its slot) and queue it again."""
