@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import Cancelled
 from ..request import CompletionRequest, Options
 from .decode import SHOWN, drive
-from .run import PROBE, RunOptions, complete_steps, run_steps
+from .run import PROBE, RunOptions, complete_steps, run_steps, stage_ends
 
 SMALL = 16 << 10  # characters tokenized inline: milliseconds, not worth a thread
 POLL = 0.005  # seconds between should_stop() polls
@@ -138,12 +138,34 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     partial = session.anchor
     full = engine.planner.full_anchor(partial, engine.config.max_tokens)
     tokens = engine.planner.stable_tokens(session.layout, full, session.typed)
-    yield from run_steps(engine, tokens, Options(max_tokens=0), RunOptions(
-        path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True, light=light))
-    if session.anchor is partial:  # nothing re-anchored the file meanwhile
+    ro = RunOptions(path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True, light=light)
+    for stage in stages(engine, session, full, tokens):
+        out = yield from run_steps(engine, stage, Options(max_tokens=0), ro)
+        engine.slots.slots[out.slot].idle = False  # a keystroke takes it: growth goes on in a copy
+    yield from run_steps(engine, tokens, Options(max_tokens=0), ro)
+    if partial.same_place(session.anchor):  # nothing re-anchored the file meanwhile (a keystroke may have
+        # taken part of the growth: the same anchor, trimmed less)
         log.debug("%s: grown to the full plan (%d tokens)", path, len(tokens))
         engine.files.set_anchor(path, full)
         engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
+
+
+def stages(engine, session, full, tokens) -> list[tuple[int, ...]]:
+    """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
+    context grown so far at the cost of the tokens typed since (``run.adopt_growth``): the full plan
+    cut at each of ``run.stage_ends``, then the middle marker and the typed text. Stages growth has
+    passed, or that a slot holds, are left out."""
+    if session.layout != "efim":
+        return []
+    planner = engine.planner
+    typed = tokens[len(planner.stable_tokens("efim", full)):]
+    frontier = engine.reuse.peek(np.asarray(tokens, dtype=np.int32))
+    out = []
+    for end in stage_ends(planner, full):
+        stage = (*tokens[:end], *planner.markers.mid, *typed)
+        if end > frontier and engine.reuse.peek(np.asarray(stage, dtype=np.int32)) < len(stage):
+            out.append(stage)
+    return out
 
 
 class Alongside:

@@ -71,7 +71,8 @@ class Files:
                 f.text = text
 
     def set_anchor(self, path: str, anchor) -> None:
-        """Growth finished: the file's plan is anchored on the grown (full) anchor."""
+        """The file's plan is anchored on ``anchor``: grown (growth finished, or a keystroke took its
+        progress so far)."""
         with self.lock:
             f = self._files.get(path)
             if f is not None and f.session is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import Cancelled, InvalidParams
 from ..llama import Sampler, SamplerParams
 from ..prompt.healing import Healer
-from ..prompt.planner import Budget, Plan, line_start
+from ..prompt.planner import GROWN, Budget, Plan, line_start
 from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, Timings, TokenCounts
 from .decode import GenSpec
@@ -225,6 +225,60 @@ def context_report(plan: Plan) -> dict:
             "full_tokens": full, "share": round(used / full, 3) if full else 1.0, "reduced": plan.reduced}
 
 
+ADOPT_SHARE = 0.5  # of the budget a keystroke may spend to take growth's progress
+ADOPT_GAIN = 16  # it takes it when that adds at least 1/16 of the full plan's context (or completes it)
+ADOPT_MIN = 64  # tokens: less is not worth a keystroke's time
+
+
+def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek) -> Plan | None:
+    """A reduced plan on a kept anchor, refitted to what growth has computed since: once growth has
+    the window's whole prefix, the plan takes it and the start of the suffix that growth has too
+    (the same anchor: the typed middle stays cheap; growth stages such plans, ``background.py``).
+    Taken when it adds enough context within ``ADOPT_SHARE`` of the budget, so the context grows
+    while the user types instead of in one jump at the end."""
+    if not plan.reduced or plan.reanchor is not None:
+        return None
+    used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
+    want = max(ADOPT_MIN, plan.full_context // ADOPT_GAIN)
+    if plan.full_context - used < want:
+        return None
+    planner, anchor = engine.planner, engine.session(req.path).anchor
+    # All that growth holds, else the last stage it left with the typed text after it (cheaper)
+    for cap in (None, *reversed(stage_ends(planner, planner.full_anchor(anchor, engine.max_tokens(req.how))))):
+        held = peek if cap is None else (lambda toks, cap=cap: min(peek(toks), cap))
+        fitted = planner.refit(anchor, len(plan.middle_tokens), Budget(tokens=0, cached=held, floor=0),
+                               reserve=engine.max_tokens(req.how))
+        if fitted.reduced and (fitted.head < len(anchor.full_prefix) - fitted.window  # a gap in the prefix
+                               or len(fitted.prefix_tokens) + len(fitted.suffix_tokens) - used < want):
+            continue
+        grown = planner.plan_on(fitted, plan.layout, plan.middle_tokens, plan.middle_text, GROWN, plan.closers)
+        have = peek(grown.tokens)
+        if engine.speed.predict_ms(len(grown.tokens) - have, have) <= budget * ADOPT_SHARE:
+            break
+    else:
+        return None
+    engine.files.set_anchor(req.path, fitted)
+    if not fitted.reduced:  # growth is over: the slots of the reduced plans are stale copies
+        stable = grown.tokens[:grown.middle_start]
+        engine.reuse.drop_others(req.path, np.asarray(stable[:peek(stable)], dtype=np.int32))
+    return grown
+
+
+STAGES = 8  # growth computes a plan's suffix in steps of an eighth of its context (a keystroke takes each)
+STAGE_MIN = 64
+
+
+def stage_ends(planner, full) -> range:
+    """Where growth's stages end in the full plan's tokens (EFIM, PSM order; else none): once the
+    whole prefix is computed, every ``1/STAGES`` of the context into the suffix."""
+    m = planner.markers
+    if m.order != "psm":
+        return range(0)
+    body = len(planner.head_tokens(full.prefix_tokens)) + len(m.suf)  # where the suffix starts
+    step = max(STAGE_MIN, full.full_context // STAGES)
+    return range(body + step, body + len(full.suffix_tokens) - step // 2, step)
+
+
 def budget_ms(engine, how: Options) -> float:
     """A request's latency budget for its prompt, in ms (0: none)."""
     return how.max_prompt_ms if how.max_prompt_ms is not None else engine.config.max_prompt_ms
@@ -245,7 +299,7 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
     peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32))
     have = peek(plan.tokens)
     if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
-        return plan
+        return adopt_growth(engine, req, plan, budget, peek) or plan
     session = engine.session(req.path)
     anchor = session.anchor
     log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,

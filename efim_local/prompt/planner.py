@@ -33,6 +33,7 @@ MIDDLE_TOO_LONG = "middle_too_long"
 CONTEXT_OVERFLOW = "context_overflow"
 LAYOUT_CHANGED = "layout_changed"
 LATENCY_BUDGET = "latency_budget"  # the plan was reduced to fit the request's time budget
+GROWN = "grown"  # a reduced plan took the context growth computed since (same anchor, more context)
 
 # What an editor's auto-pairs insert after the cursor. When the text after the cursor differs from
 # the anchor's suffix only by a few of these at its start, the anchor is kept: the closers stay
@@ -70,6 +71,11 @@ class Anchor:
     full_suffix: tuple[int, ...] = ()
     window: int = 0  # files bigger than a slot: the prefix starts at this token of the file (aligned, sticky)
     full_context: int = 0  # prefix and suffix tokens of the plan without a latency budget
+
+    def same_place(self, other: Anchor | None) -> bool:
+        """Whether ``other`` anchors the same text at the same offset (maybe trimmed otherwise)."""
+        return (other is not None and other.offset == self.offset and other.prefix_text == self.prefix_text
+                and other.suffix_text == self.suffix_text)
 
 
 @dataclass
@@ -110,6 +116,7 @@ class Budget:
     tokens: int | None = None
     cached: Callable[[tuple[int, ...]], int] | None = None
     new_for: Callable[[int], int] | None = None
+    floor: int = MIN_CONTEXT  # new tokens a plan gets however slow the machine (0: only what is cached)
 
     def new_tokens(self, n_cached: int) -> int:
         return self.new_for(n_cached) if self.new_for is not None else self.tokens
@@ -184,6 +191,11 @@ class Planner:
             middle_text = text[anchor.offset:cursor]
             middle = tuple(self.tokenize(middle_text))
         session.layout = layout
+        return self.plan_on(anchor, layout, middle, middle_text, reason, closers)
+
+    def plan_on(self, anchor: Anchor, layout: str, middle: tuple[int, ...], middle_text: str,
+                reason: str | None, closers: str = "") -> Plan:
+        """The plan of ``anchor`` with ``middle`` typed after it."""
         tokens = self.assemble(layout, anchor.prefix_tokens, middle, anchor.suffix_tokens)
         middle_start = self.middle_start(layout, anchor, len(tokens), len(middle))
         return Plan(
@@ -225,6 +237,27 @@ class Planner:
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
                          tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window)
+
+    def refit(self, anchor: Anchor, n_middle: int, budget: Budget, reserve: int | None = None) -> Anchor:
+        """``anchor`` (same place, same texts) fitted anew to ``budget``, counting what the slots hold
+        of its untrimmed pieces now (growth's progress); no tokenizing."""
+        reserve = self.limits.reserve_tokens if reserve is None else reserve
+        return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), n_middle, reserve, budget,
+                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window)
+
+    def _cached(self, prefix: Sequence[int], suffix: Sequence[int], cached, space: int) -> tuple[int, int]:
+        """What the slots hold of a plan's window, free for a budget: prefix tokens from its top, and,
+        once all the prefix is held, suffix tokens from its start (growth computes them in that order)."""
+        if self.markers.order == "spm":
+            return 0, 0
+        lead, top = len(self.head_tokens(())), self.head_tokens(tuple(prefix))
+        head = max(0, min(cached(top) - lead, len(prefix), space))
+        if head < 16:
+            return 0, 0
+        if head < len(prefix) or not suffix:
+            return head, 0
+        held = cached((*top, *self.markers.suf, *suffix)) - len(top) - len(self.markers.suf)
+        return head, max(0, min(held, len(suffix), space - head))
 
     def head_tokens(self, prefix: tuple[int, ...]) -> tuple[int, ...]:
         """The tokens a plan starts with, up to and including ``prefix`` (PSM order); () for SPM."""
@@ -315,14 +348,13 @@ class Planner:
         prefix = prefix[start:]
         limit = space
         full_context = min(space, len(prefix) + len(suffix))
-        reduced, head = False, 0
+        reduced, head, held = False, 0, 0
         if budget is not None:
-            if budget.cached is not None:  # the window's head already in a slot costs nothing
-                lead = len(self.head_tokens(()))
-                head = max(0, min(budget.cached(self.head_tokens(tuple(prefix))) - lead, len(prefix), space))
-                head = head if head >= 16 else 0
+            if budget.cached is not None:  # what a slot already holds of the window costs nothing
+                head, held = self._cached(prefix, suffix, budget.cached, space)
             # However slow the machine, an answer gets some context: one from nothing is noise.
-            fits = head + max(MIN_CONTEXT, budget.new_tokens(head) - self._total((), (), (), 0) - n_middle)
+            free = head + held
+            fits = free + max(budget.floor, budget.new_tokens(free) - self._total((), (), (), 0) - n_middle)
             if fits < min(space, len(prefix) + len(suffix)):
                 limit, reduced = fits, True
             else:

@@ -157,7 +157,7 @@ def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference, ca
     anchor = engine.session(path).anchor
     assert anchor.reduced and (anchor.head >= 300) == cached_top
     missing = len(engine.planner.stable_tokens("efim", engine.planner.full_anchor(anchor))) - anchor.head
-    chunks, cheap, typed = 0, 0, ""
+    chunks, cheap, adopted, typed, context = 0, 0, 0, "", 0
     while engine.session(path).anchor.reduced:
         try:
             engine.grow(path, _stop_after(2))  # one chunk, then a keystroke arrives
@@ -170,7 +170,12 @@ def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference, ca
         out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=2))
         assert out.tokens.evaluated <= 150
         cheap += out.reanchor is None and out.tokens.evaluated <= 3
-    assert cheap == chunks  # no keystroke re-planned on a partly grown head
+        if out.reanchor == "grown":  # it took the growth so far: more context, within half the budget
+            assert out.tokens.evaluated <= 150 * run_mod.ADOPT_SHARE and out.context["tokens"] > context
+            adopted += 1
+        context = out.context["tokens"]
+    assert cheap + adopted == chunks  # every other keystroke cost a token or two
+    assert adopted <= run_mod.ADOPT_GAIN + 1
     req = CompletionRequest(text, cur, path=path, layout="efim", max_tokens=6, heal=False)
     warm = engine.complete(req)
     assert not warm.context["reduced"]
@@ -213,6 +218,42 @@ def test_growth_during_generation_is_exact(engine, reference, doc, at, share, ty
         assert not engine.session(path).anchor.reduced, "growth never finished"
     finally:
         engine.config = replace(engine.config, grow_share=0.0)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.sampled_from(range(len(DOCS))), at=st.floats(0.3, 0.9), polls=st.integers(2, 4),
+       typed=st.text("abc_ (", min_size=1, max_size=4))
+def test_keystrokes_take_the_growth_as_it_goes_exactly(engine, reference, doc, at, polls, typed, monkeypatch):
+    """A kept, reduced plan takes what growth computed since (reason "grown": the grown head of the
+    prefix, then the start of the suffix) instead of waiting for the whole plan; every answer, on a
+    partly grown plan or not, equals its plan computed cold."""
+    used = []
+    fit = run_mod.fit_budget
+    monkeypatch.setattr(run_mod, "fit_budget", lambda e, req, plan: used.append(fit(e, req, plan)) or used[-1])
+    text, path = DOCS[doc], f"adopt-{doc}.py"
+    engine.forget(path)
+    cur = text.index("\n", int(len(text) * at)) + 1
+    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
+    reasons, contexts = [], []
+    for ch in (typed + "xyz_") * 12:
+        try:
+            engine.grow(path, _stop_after(polls))  # a chunk or a few, then a keystroke arrives
+        except Cancelled:
+            pass
+        text, cur = text[:cur] + ch + text[cur:], cur + 1
+        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=4, heal=False,
+                                ignore_eog=True)
+        out = engine.complete(req)
+        cold = reference.run(used[-1].tokens, Options(max_tokens=4, ignore_eog=True), cold=True)
+        assert out.token_ids == cold.token_ids
+        reasons.append(out.reanchor)
+        contexts.append(out.context["tokens"])
+        if not out.context["reduced"]:
+            break
+    assert not engine.session(path).anchor.reduced, "growth never finished"
+    assert reasons.count("grown") >= 1 + (reasons[-1] != "grown"), reasons  # taken on the way, not only at the end
+    assert contexts == sorted(contexts)  # the context only grows
 
 
 def test_growth_during_generation_yields_to_a_request(engine):
