@@ -153,19 +153,25 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
 def stages(engine, session, full, tokens) -> list[tuple[int, ...]]:
     """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
     context grown so far at the cost of the tokens typed since (``run.adopt_growth``): the full plan
-    cut at each of ``run.stage_ends``, then the middle marker and the typed text. Stages growth has
-    passed, or that a slot holds, are left out."""
+    cut at each of ``run.stage_ends``, then the middle marker and the typed text. The last stage
+    growth has passed comes first when it lacks more than ``STALE`` tokens of the text typed since
+    (which a keystroke taking it would pay for), then those ahead; stages a slot holds are left out."""
     if session.layout != "efim":
         return []
     planner = engine.planner
     typed = tokens[len(planner.stable_tokens("efim", full)):]
     frontier = engine.reuse.peek(np.asarray(tokens, dtype=np.int32))
+    ends = list(stage_ends(planner, full))
+    passed = [e for e in ends if e <= frontier]
     out = []
-    for end in stage_ends(planner, full):
+    for end in passed[-1:] + [e for e in ends if e > frontier]:
         stage = (*tokens[:end], *planner.markers.mid, *typed)
-        if end > frontier and engine.reuse.peek(np.asarray(stage, dtype=np.int32)) < len(stage):
+        if engine.reuse.peek(np.asarray(stage, dtype=np.int32)) < len(stage) - (STALE if end <= frontier else 0):
             out.append(stage)
     return out
+
+
+STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
 
 
 class Alongside:
