@@ -150,6 +150,9 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
         engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
 
 
+STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
+
+
 def stages(engine, session, full, tokens) -> list[tuple[int, ...]]:
     """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
     context grown so far at the cost of the tokens typed since (``run.adopt_growth``): the full plan
@@ -169,9 +172,6 @@ def stages(engine, session, full, tokens) -> list[tuple[int, ...]]:
         if engine.reuse.peek(np.asarray(stage, dtype=np.int32)) < len(stage) - (STALE if end <= frontier else 0):
             out.append(stage)
     return out
-
-
-STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
 
 
 class Alongside:

@@ -228,6 +228,8 @@ def context_report(plan: Plan) -> dict:
 ADOPT_SHARE = 0.5  # of the budget a keystroke may spend to take growth's progress
 ADOPT_GAIN = 16  # it takes it when that adds at least 1/16 of the full plan's context (or completes it)
 ADOPT_MIN = 64  # tokens: less is not worth a keystroke's time
+STAGES = 8  # growth computes a plan's suffix in steps of an eighth of its context (a keystroke takes each)
+STAGE_MIN = 64
 
 
 def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek) -> Plan | None:
@@ -262,10 +264,6 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
         stable = grown.tokens[:grown.middle_start]
         engine.reuse.drop_others(req.path, np.asarray(stable[:peek(stable)], dtype=np.int32))
     return grown
-
-
-STAGES = 8  # growth computes a plan's suffix in steps of an eighth of its context (a keystroke takes each)
-STAGE_MIN = 64
 
 
 def stage_ends(planner, full) -> range:
