@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict
 
 from ..backend import Sampling
+from ..backend.pool import miss_reason
 from ..errors import Cancelled
 from .completion import Completion, Timings, TokenCounts
 from .decode import SHOWN, TOKEN
@@ -97,12 +98,10 @@ def _completion(prompt, stream, reason, report, end, n_gen, t0, t_first) -> Comp
     t2 = time.perf_counter()
     first = t_first or t2
     cached, evaluated = end.get("cached"), end.get("evaluated")
-    expected = report.get("expected_cached", 0)
-    # A server that reused less than its slot held lost it (evicted, restarted, another client):
-    # a miss with its reason, not a silent slowdown.
+    # A server that reused less than its slot held lost it (evicted, restarted, another client), or
+    # the file's slot went to another file: a miss with its reason, not a silent slowdown.
     report["cached"] = cached
-    report["miss"] = ("remote_evicted" if cached is not None and cached < expected else
-                      "remote_unknown" if cached is None and end else None)
+    report["miss"] = miss_reason(report, cached, bool(end))
     counts = TokenCounts(prompt=len(prompt), cached=cached or 0,
                          evaluated=evaluated if evaluated is not None else len(prompt) - (cached or 0),
                          generated=end.get("generated") or n_gen)

@@ -41,6 +41,15 @@ def test_the_slot_map_pins_a_file_and_expects_its_common_prefix():
     assert m.slot_for("c") == b  # the least recently used goes
 
 
+def test_the_slot_map_says_whose_slot_it_was_and_whether_it_is_new():
+    m = SlotMap(1)
+    assert m.pin("a")[1:] == (None, True)
+    m.held[0] = np.arange(5, dtype=np.int32)
+    assert m.pin("a")[1:] == (None, False)
+    slot, (key, held), fresh = m.pin("b")
+    assert (slot, key, held.tolist(), fresh) == (0, "a", [0, 1, 2, 3, 4], True)
+
+
 def test_backend_config_is_checked_and_the_key_never_prints():
     c = Config(backend="http://a:1, https://b/x", api_key="s3cret")
     assert c.backend == ("http://a:1", "https://b/x")
