@@ -127,6 +127,18 @@ class Pool:
         threading.Thread(target=call.run, name="efim-remote", daemon=True).start()
         return call
 
+    @property
+    def heals(self) -> bool:
+        """Whether the servers can heal a token (a grammar on the first token: llama-server)."""
+        return not isinstance(self.driver, OpenAI)
+
+    def peek(self, tokens) -> int:
+        """The most of ``tokens`` some replica's slot is expected to serve from its cache."""
+        prompt = np.asarray(tokens, np.int32)
+        with self.cond:
+            return max((m.slots.expected(s, prompt) for m in self.members if m.slots is not None
+                        for s in m.slots.held), default=0)
+
     def wait_any(self, timeout: float) -> None:
         """Wait until some call has an event nobody took, at most ``timeout`` seconds."""
         with self.cond:
@@ -278,7 +290,7 @@ class Call:
                 break
         self.pool._ok(m, slot, self.key, self.tokens, miss_reason(pinned, last.cached, False) is not None)
         self._push("end", {"cached": last.cached, "evaluated": last.evaluated, "generated": last.generated,
-                           "stop": stop})
+                           "stop": stop, "prompt_ms": last.prompt_ms})
         stream.close()
 
 

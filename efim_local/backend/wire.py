@@ -123,6 +123,10 @@ class EventStream:
 
     def __iter__(self):
         try:
+            if "json" in (self.resp.getheader("Content-Type") or ""):  # a whole answer, not a stream
+                msg = json.loads(self.resp.read(1 << 24))
+                yield msg
+                return
             while True:
                 line = self.resp.readline(1 << 22)
                 if not line:
@@ -141,10 +145,12 @@ class EventStream:
                     text = err.get("message", err) if isinstance(err, dict) else err
                     raise ReplicaError(f"{self.replica.url}: {text}", "server_error")
                 yield msg
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - closed from another thread: http.client fails in many ways
             if self.closed:
                 return
-            raise _error(self.replica, "", e) from None
+            if isinstance(e, (OSError, http.client.HTTPException, ValueError)):
+                raise _error(self.replica, "", e) from None
+            raise
 
     def close(self) -> None:
         """Stop the stream (idempotent; safe from another thread)."""

@@ -21,7 +21,7 @@ from ..config import Config
 from ..llama import Model
 from .engine import Engine, make_planner
 from .files import Files
-from .models import KIND_FRAGMENT, choose_layout, model_kind
+from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .slots import SlotManager
 from .speed import PrefillSpeed
 
@@ -69,7 +69,7 @@ class RemoteEngine(Engine):
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             self.default_layout, self.layout_reason = choose_layout(
                 self.model.meta, config.layout, self.template.source == "text")
-            self.default_heal, self.heal_reason = False, "remote backend: healing runs in-process only"
+            self.default_heal, self.heal_reason = remote_heal(self, config)
             self._stack = stack.pop_all()
 
     def fit_threads(self) -> None:
@@ -81,7 +81,7 @@ class RemoteEngine(Engine):
     def status(self) -> dict:
         return {"model": str(self.model.path), "description": self.model.description(), "vocab_only": True,
                 "layout": self.default_layout, "layout_reason": self.layout_reason,
-                "heal": False, "heal_reason": self.heal_reason, "template": self.template.source,
+                "heal": self.default_heal, "heal_reason": self.heal_reason, "template": self.template.source,
                 "n_slots": 0, "n_ctx_seq": self.config.context.n_ctx_seq, "slots": [], "store": None,
                 "backend": self.remote.status()}
 
@@ -96,7 +96,19 @@ def open_remote(config: Config, model_path: str | Path, store=None) -> Engine:
     except BaseException:
         engine.close()
         raise
-    engine.default_heal, engine.heal_reason = False, "remote backend: healing runs in-process only"
+    engine.default_heal, engine.heal_reason = remote_heal(engine, config)
     engine.instant = None  # answers come from the replicas: no type-through from local KV
+    # The budget's speed is the replicas' (remote_steps learns it); local prefills (a fallback) learn
+    # their own, which the budget does not ask, and neither is saved as this machine's speed.
+    engine.speed, engine.speed_file = PrefillSpeed(), None
+    engine.decoder.observe = PrefillSpeed().observe
     return engine
+
+
+def remote_heal(engine, config: Config) -> tuple[bool, str]:
+    """Healing with replicas: as in-process on llama-server (a grammar picks the healed token), off
+    on OpenAI-compatible servers (no grammar over llama.cpp's tokens there)."""
+    if not engine.remote.heals:
+        return False, "OpenAI-compatible backend: healing needs llama-server's grammar"
+    return choose_heal(engine.model.meta, engine.template.source == "text", config.heal)
 

@@ -111,7 +111,7 @@ def test_the_openai_driver_sends_token_ids_and_the_session():
         assert body["max_tokens"] == 3 and body["temperature"] == 0
         assert headers["x-session-id"] == "me/repo/a.py"
         assert "".join(d.text for k, d in events if k == "chunk") == "def f():"
-        assert events[-1] == ("end", {"cached": 2, "evaluated": 1, "generated": 3, "stop": "length"})
+        assert events[-1] == ("end", {"cached": 2, "evaluated": 1, "generated": 3, "stop": "length", "prompt_ms": None})
         bad = Pool([url], "openai", api_key="wrong")
         kind, err = drain(bad.start([1], Sampling(), "k"))[-1]
         assert kind == "error" and "http_401" in str(err)
