@@ -21,6 +21,7 @@ from ..config import Config
 from ..llama import Model
 from .engine import Engine, make_planner
 from .files import Files
+from .instant import Instant, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .slots import SlotManager
 from .speed import PrefillSpeed
@@ -61,8 +62,10 @@ class RemoteEngine(Engine):
             self.model = stack.enter_context(Model(model_path, vocab_only=True))
             self.template, self.planner = make_planner(self.model, config)
             self.remote = open_pool(config)
-            # No local KV: no type-through, accept or answer cache from it (instant.py).
-            self.sparse = self.store = self.cores = self.speed_file = self.instant = None
+            # No local KV. Type-through, accept and the answer cache need none: the replica's slot
+            # holds the prompt and the answer's tokens, and the trail is the ids the server named.
+            self.sparse = self.store = self.cores = self.speed_file = None
+            self.instant = Instant(self.model, model_key(model_path), self._ends, config.answer_cache)
             self.slots, self.files, self.reuse = SlotManager(0), Files(), _NoReuse()
             self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
             self.speed, self._saved_speed = PrefillSpeed(), 0
@@ -71,6 +74,9 @@ class RemoteEngine(Engine):
                 self.model.meta, config.layout, self.template.source == "text")
             self.default_heal, self.heal_reason = remote_heal(self, config)
             self._stack = stack.pop_all()
+
+    def _ends(self, tok: int) -> bool:
+        return self.model.is_eog(tok) or tok in self.template.stop_tokens
 
     def fit_threads(self) -> None:
         pass
@@ -97,7 +103,6 @@ def open_remote(config: Config, model_path: str | Path, store=None) -> Engine:
         engine.close()
         raise
     engine.default_heal, engine.heal_reason = remote_heal(engine, config)
-    engine.instant = None  # answers come from the replicas: no type-through from local KV
     # The budget's speed is the replicas' (remote_steps learns it); local prefills (a fallback) learn
     # their own, which the budget does not ask, and neither is saved as this machine's speed.
     engine.speed, engine.speed_file = PrefillSpeed(), None

@@ -65,6 +65,7 @@ class _Run:
     calls: int = 0
     first_end: dict | None = None  # the end of the call that took the prompt (the reuse, the prefill time)
     shown: bool = False
+    ids: list[int] = field(default_factory=list)  # the tokens generated, as far as the server named them
     report: dict = field(default_factory=lambda: {"failover": []})
 
 
@@ -77,6 +78,10 @@ def remote_steps(engine, prompt, how, ro, rules: StopRules):
     if ro.heal and not ro.idle and grammar is None:
         log.warning("%s: the healed text %r is not whole UTF-8: not healed", ro.path, ro.heal)
     heal, reason, end = ro.heal if grammar else b"", None, {}
+    for tok in (ro.known or ()) if not ro.idle else ():  # type-through: the continuation is known
+        if reason is not None or run.n_gen >= rules.max_tokens:
+            break
+        heal, reason = _take(engine, how, ro, run, tokens, tok, heal)
     while heal and reason is None and run.n_gen < rules.max_tokens:
         got: list[int] = []
         out = yield from _call_steps(engine, tokens, Sampling(n_predict=1, seed=how.seed, grammar=heal_grammar(heal)),
@@ -85,13 +90,8 @@ def remote_steps(engine, prompt, how, ro, rules: StopRules):
             return None
         if not got:
             raise BackendError("the server sent no token ids for a healed token")
-        raw = engine.model.piece(got[0])  # as decode.generate_steps: the text past the healed part goes out
-        raw, heal = (raw[len(heal):], b"") if raw.startswith(heal) else (b"", heal[len(raw):])
-        tokens.append(got[0])
-        run.n_gen += 1
+        heal, reason = _take(engine, how, ro, run, tokens, got[0], heal)
         run.healed += 1
-        _show(run, raw, ro)
-        reason = run.stream.stop_reason
     if reason is None and (run.n_gen < rules.max_tokens or ro.idle):
         sampling = Sampling(n_predict=0 if ro.idle else rules.max_tokens - run.n_gen, temperature=how.temperature,
                             top_k=how.top_k, top_p=how.top_p, seed=how.seed, ignore_eos=how.ignore_eog)
@@ -110,6 +110,30 @@ def remote_steps(engine, prompt, how, ro, rules: StopRules):
     return _completion(prompt, run, reason or "max_tokens", end)
 
 
+def _take(engine, how, ro, run: _Run, tokens: list[int], tok: int, heal: bytes) -> tuple[bytes, str | None]:
+    """A token known before the stream (type-through, or healed), as ``decode.generate_steps`` takes
+    it: the text past the healed part goes out. Returns what is left to heal, and why to stop."""
+    raw = engine.model.piece(tok)
+    if heal:
+        raw, heal = (raw[len(heal):], b"") if raw.startswith(heal) else (b"", heal[len(raw):])
+    _trail(ro, run, tok)
+    run.t_first = run.t_first or time.perf_counter()
+    if not how.ignore_eog and (engine.model.is_eog(tok) or tok in engine.template.stop_tokens):
+        return heal, "eog"
+    tokens.append(tok)
+    run.ids.append(tok)
+    run.n_gen += 1
+    _show(run, raw, ro)
+    return heal, run.stream.stop_reason
+
+
+def _trail(ro, run: _Run, tok: int) -> None:
+    """The greedy continuation, for the next keystroke (``instant.py``), as long as every token is
+    known by its id."""
+    if ro.trail is not None and not run.flushed and len(ro.trail) == len(run.ids):
+        ro.trail.append(tok)
+
+
 def _show(run: _Run, raw: bytes, ro) -> None:
     piece = run.stream.feed(raw)
     if piece and ro.on_text:
@@ -122,9 +146,12 @@ def _chunk(engine, how, ro, run: _Run, c) -> str | None:
     if not how.ignore_eog and any(t in engine.template.stop_tokens for t in c.ids):
         return "eog"
     flushed = bool(c.ids) and c.text != b"".join(map(engine.model.piece, c.ids)).decode("utf-8", "replace")
+    run.flushed = run.flushed or flushed  # the trail stops short of the unnamed token
+    for t in c.ids:
+        _trail(ro, run, t)
+        run.ids.append(t)
     run.n_gen += (len(c.ids) or bool(c.text)) + flushed  # (at least) one unnamed token came with this one
     run.named += len(c.ids) + flushed
-    run.flushed = run.flushed or flushed
     _show(run, c.text.encode("utf-8"), ro)
     return run.stream.stop_reason
 
@@ -201,4 +228,4 @@ def _completion(prompt, run: _Run, reason: str, end: dict) -> Completion:
                       timings=Timings(prompt_ms=(t_first - run.t0) * 1e3, predict_ms=(t2 - t_first) * 1e3,
                                       total_ms=(t2 - run.t0) * 1e3),
                       slot=report.get("slot") if report.get("slot") is not None else -1,
-                      cache_tier="remote" if cached else "none", remote=report)
+                      cache_tier="remote" if cached else "none", remote=report, token_ids=list(run.ids))

@@ -71,3 +71,28 @@ def test_the_budget_learns_the_servers_speed_and_reduces_a_plan(server, tiny_mod
     assert not roomy.context["reduced"]
     # The server computed what the reduced plan sent, not the whole file.
     assert tight.tokens.evaluated < roomy.tokens.evaluated
+
+
+def test_typing_through_a_remote_answer_is_answered_from_its_trail(server, tiny_model):
+    """Typing what the answer showed: the next answer starts with the rest of it at once (no
+    server call for those tokens), and equals the in-process answer."""
+
+    def session(engine):
+        out = []
+        for f, cur in enumerate((300, 420, 555)):
+            path, text = f"/repo/t{f}.py", SRC
+            first = engine.complete(CompletionRequest(text, cur, path=path))
+            out.append(first)
+            for k in range(1, 3):  # type the answer's first characters, one at a time
+                typed = first.text[:k]
+                if not typed or "\ufffd" in typed:
+                    break
+                out.append(engine.complete(CompletionRequest(text[:cur] + typed + text[cur:], cur + k, path=path)))
+        return out
+
+    with Engine(small_config(max_tokens=16, heal=True), tiny_model) as local:
+        want = session(local)
+    with RemoteEngine(small_config(backend=[server.url], max_tokens=16, heal=True), tiny_model) as remote:
+        got = session(remote)
+    assert [(c.text, c.stop_reason, c.source) for c in got] == [(c.text, c.stop_reason, c.source) for c in want]
+    assert sum(c.source == "type-through" for c in got) >= 3
