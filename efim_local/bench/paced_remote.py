@@ -117,7 +117,18 @@ def run(cfg: PacedConfig, urls: list[str] | None = None, replicas: int = 2, kill
         for q in ("p50", "p95"):
             s[f"ttft_{q}_vs_inprocess"] = s[f"ttft_{q}_ms"] / base[f"ttft_{q}_ms"]
     return {"trace": str(cfg.trace or "efim"), "requests": len(fired), "replicas": len(urls),
+            "keystrokes": sum(s.kind in ("key", "over") for s in st),
+            "auto_pair_keys": sum(s.kind == "over" for s in st),
+            "duration_s": st[-1].t if st else 0, "busy": False, "max_prompt_ms": cfg.max_prompt_ms,
+            "notes": [f"replica {out['killed']['url']} killed at {out['killed']['at_s']} s"] if out["killed"] else [],
             "summary": summary, "rows": rows, **out}
+
+
+def run_spec(cfg: PacedConfig, backend: str, kill: bool = False) -> dict:
+    """``run`` for ``efim bench --backend``: "local:N" starts N replicas here, else URLs."""
+    if backend.startswith("local:"):
+        return run(cfg, None, int(backend[6:] or 2), kill)
+    return run(cfg, [u.strip() for u in backend.split(",") if u.strip()])
 
 
 def main(argv=None) -> None:
