@@ -52,6 +52,9 @@ class _NoReuse:
     def clear(self, slot) -> None:
         pass
 
+    def drop_others(self, path, prompt) -> None:
+        pass
+
 
 class RemoteEngine(Engine):
     """An engine whose decoding is the replicas': the vocabulary only, no weights, no context."""

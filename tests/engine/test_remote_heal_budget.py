@@ -67,10 +67,16 @@ def test_the_budget_learns_the_servers_speed_and_reduces_a_plan(server, tiny_mod
                                                   max_prompt_ms=full_ms / 4))
         roomy = remote.complete(CompletionRequest(SRC, len(SRC) // 2, path="/repo/roomy.py",
                                                   max_prompt_ms=full_ms * 100))
+        # Growth puts the context back: the full plan is warmed on the replica (n_predict 0), and
+        # the next keystroke's plan is whole again, mostly from the server's cache.
+        remote.grow("/repo/tight.py")
+        again = remote.complete(CompletionRequest(SRC[:len(SRC) // 2] + "x" + SRC[len(SRC) // 2:], len(SRC) // 2 + 1,
+                                                  path="/repo/tight.py", max_prompt_ms=full_ms / 4))
     assert tight.context["reduced"] and tight.context["tokens"] < roomy.context["tokens"]
     assert not roomy.context["reduced"]
     # The server computed what the reduced plan sent, not the whole file.
     assert tight.tokens.evaluated < roomy.tokens.evaluated
+    assert not again.context["reduced"] and again.tokens.cached > again.tokens.prompt // 2, again.remote
 
 
 def test_typing_through_a_remote_answer_is_answered_from_its_trail(server, tiny_model):
