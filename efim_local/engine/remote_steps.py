@@ -82,7 +82,7 @@ def remote_steps(engine, prompt, how, ro, rules: StopRules):
         if reason is not None or run.n_gen >= rules.max_tokens:
             break
         heal, reason = _take(engine, how, ro, run, tokens, tok, heal)
-    while heal and reason is None and run.n_gen < rules.max_tokens:
+    while heal and reason is None and run.n_gen < rules.max_tokens and heal_grammar(heal) is not None:
         got: list[int] = []
         out = yield from _call_steps(engine, tokens, Sampling(n_predict=1, seed=how.seed, grammar=heal_grammar(heal)),
                                      ro, run, lambda c, got=got: got.extend(c.ids))
