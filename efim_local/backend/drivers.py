@@ -23,6 +23,7 @@ class Sampling:
     top_p: float = 1.0
     seed: int = 0
     ignore_eos: bool = False
+    grammar: str | None = None  # GBNF the answer must follow (llama-server; then it comes whole, not streamed)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Chunk:
     evaluated: int | None = None  # prompt tokens it computed (final chunk)
     generated: int | None = None
     stop: str | None = None  # the server's stop reason (final chunk)
+    prompt_ms: float | None = None  # the server's time on the prompt (final chunk; llama-server)
 
 
 class LlamaServer:
@@ -44,10 +46,14 @@ class LlamaServer:
 
     @staticmethod
     def request(tokens: list[int], s: Sampling, slot: int | None, session: str) -> tuple[str, dict, dict]:
-        body = {"prompt": tokens, "n_predict": s.n_predict, "stream": True, "cache_prompt": True,
+        # A grammar's answer (a token healed: one token) comes whole: a streamed token that ends
+        # inside a UTF-8 character is sent with the next one, so its id would never come.
+        body = {"prompt": tokens, "n_predict": s.n_predict, "stream": s.grammar is None, "cache_prompt": True,
                 "return_tokens": True, "seed": s.seed, "ignore_eos": s.ignore_eos}
         if slot is not None:
             body["id_slot"] = slot
+        if s.grammar is not None:
+            body["grammar"] = s.grammar
         if s.temperature <= 0:  # greedy, as the in-process sampler: one candidate, no randomness
             body.update(temperature=0.0, top_k=1, samplers=["top_k"])
         else:  # the in-process chain: top-k, top-p, temperature, dist
@@ -62,6 +68,7 @@ class LlamaServer:
             t = msg.get("timings") or {}
             c.final, c.stop = True, msg.get("stop_type")
             c.cached, c.evaluated, c.generated = t.get("cache_n"), t.get("prompt_n"), t.get("predicted_n")
+            c.prompt_ms = t.get("prompt_ms")
         return c
 
     @staticmethod

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import BackendError
 from ..kv.prefix import common_prefix
 from .drivers import DRIVERS, Chunk, OpenAI, Sampling
+from .slotfiles import SlotFiles
 from .wire import READ_TIMEOUT, EventStream, Replica, ReplicaError
 
 VNODES = 64  # ring points per replica: files spread evenly, and a lost replica moves only its own
@@ -66,13 +67,20 @@ class SlotMap:
 
     def slot_for(self, key: str) -> int:
         """The file's own slot, else a free one, else the least recently used."""
-        mine = next((s for s, k in self.owner.items() if k == key), None)
+        return self.pin(key)[0]
+
+    def pin(self, key: str) -> tuple[int, tuple[str, np.ndarray] | None, bool]:
+        """The file's slot; the file whose slot it was, with the prompt it held (None if it was
+        free or the file's own); whether it is new to the file (it does not hold the file's KV)."""
+        mine, gone = next((s for s, k in self.owner.items() if k == key), None), None
         if mine is None:
             free = [s for s in range(self.n) if s not in self.owner]
             mine = free[0] if free else min(self.owner, key=lambda s: self.used.get(s, 0.0))
+            if mine in self.owner:
+                gone = (self.owner[mine], self.held.get(mine, np.zeros(0, np.int32)))
             self.owner[mine], self.held[mine] = key, np.zeros(0, np.int32)
         self.used[mine] = time.monotonic()
-        return mine
+        return mine, gone, not len(self.held[mine])
 
     def expected(self, slot: int, tokens: np.ndarray) -> int:
         """Prompt tokens the slot should serve from its cache (the last is always computed again)."""
@@ -84,6 +92,7 @@ class SlotMap:
 class Member:
     replica: Replica
     slots: SlotMap | None = None  # known after the first call (llama-server: GET /props)
+    files: SlotFiles = field(default_factory=SlotFiles)
     down_until: float = 0.0
     backoff: float = DOWN_MIN
     served: int = 0
@@ -118,6 +127,18 @@ class Pool:
         threading.Thread(target=call.run, name="efim-remote", daemon=True).start()
         return call
 
+    @property
+    def heals(self) -> bool:
+        """Whether the servers can heal a token (a grammar on the first token: llama-server)."""
+        return not isinstance(self.driver, OpenAI)
+
+    def peek(self, tokens) -> int:
+        """The most of ``tokens`` some replica's slot is expected to serve from its cache."""
+        prompt = np.asarray(tokens, np.int32)
+        with self.cond:
+            return max((m.slots.expected(s, prompt) for m in self.members if m.slots is not None
+                        for s in m.slots.held), default=0)
+
     def wait_any(self, timeout: float) -> None:
         """Wait until some call has an event nobody took, at most ``timeout`` seconds."""
         with self.cond:
@@ -125,23 +146,40 @@ class Pool:
                 self.cond.wait(timeout)
 
     # -- bookkeeping (any thread) -----------------------------------------------------------
-    def _pin(self, m: Member, key: str, tokens: list[int]) -> tuple[int | None, int]:
+    def _pin(self, m: Member, key: str, tokens: list[int]) -> tuple[int | None, dict]:
+        """The slot for ``key`` on ``m``, and what to expect of it: ``expected_cached``; for a file
+        that had lost its slot here, ``restored`` (tokens its slot file brought back) or ``lost``
+        (why not) and ``would_cache`` (what it would have reused). Saves the slot's previous file."""
         if m.slots is None:
             n = self.driver.slots(m.replica)
             with self.cond:
                 m.slots = m.slots or SlotMap(n)
         if isinstance(self.driver, OpenAI):
-            return None, 0
+            return None, {"expected_cached": 0}
+        prompt = np.asarray(tokens, np.int32)
         with self.cond:
-            slot = m.slots.slot_for(key)
-            return slot, m.slots.expected(slot, np.asarray(tokens, np.int32))
+            slot, gone, fresh = m.slots.pin(key)
+            save = m.files.evicted(*gone) if gone is not None and len(gone[1]) else None
+            back = m.files.back(key) if fresh else None
+        info: dict = {}
+        if save is not None:  # before this file's prompt overwrites it
+            m.files.save(m.replica, slot, gone[0], save)
+        if back is not None:
+            n = m.files.restore(m.replica, slot, key, back)
+            with self.cond:
+                if n and m.slots.owner.get(slot) == key:
+                    m.slots.held[slot] = back.tokens
+            info = {"restored": n} if n else {"lost": "remote_restore_failed" if back.saved else "remote_switched",
+                                              "would_cache": min(common_prefix(back.tokens, prompt), len(prompt) - 1)}
+        with self.cond:
+            return slot, {"expected_cached": m.slots.expected(slot, prompt), **info}
 
-    def _ok(self, m: Member, slot: int | None, tokens: list[int], miss: bool) -> None:
+    def _ok(self, m: Member, slot: int | None, key: str, tokens: list[int], miss: bool) -> None:
         with self.cond:
             m.down_until, m.backoff = 0.0, DOWN_MIN
             m.served += 1
             m.misses += miss
-            if slot is not None and m.slots is not None:
+            if slot is not None and m.slots is not None and m.slots.owner.get(slot) == key:
                 m.slots.held[slot] = np.asarray(tokens, np.int32)
 
     def _failed(self, m: Member) -> None:
@@ -155,7 +193,9 @@ class Pool:
         with self.cond:
             return {"driver": self.driver.name, "replicas": [
                 {"url": m.replica.url, "up": m.down_until <= now, "slots": m.slots.n if m.slots else None,
-                 "served": m.served, "failed": m.failed, "cache_misses": m.misses} for m in self.members]}
+                 "served": m.served, "failed": m.failed, "cache_misses": m.misses,
+                 "slot_files": None if isinstance(self.driver, OpenAI) else m.files.status()}
+                for m in self.members]}
 
 
 class Call:
@@ -222,7 +262,7 @@ class Call:
 
     def _run_on(self, m: Member) -> None:
         """Stream the completion from one replica (ReplicaError if it fails)."""
-        slot, expected = self.pool._pin(m, self.key, self.tokens)
+        slot, pinned = self.pool._pin(m, self.key, self.tokens)
         path, body, headers = self.pool.driver.request(self.tokens, self.sampling, slot, self.key)
         stream = m.replica.stream(path, body, headers, self.pool.read_timeout)
         with self.pool.cond:
@@ -230,7 +270,7 @@ class Call:
             if self.closed:
                 stream.close()
                 return
-        self._push("replica", {"url": m.replica.url, "slot": slot, "expected_cached": expected})
+        self._push("replica", {"url": m.replica.url, "slot": slot, **pinned})
         skip, last, stop = self.delivered, Chunk(final=True), None
         for msg in stream:
             c = self.pool.driver.parse(msg)
@@ -248,11 +288,23 @@ class Call:
             last, stop = c, c.stop or stop  # an OpenAI stream says why before its usage
             if c.final:
                 break
-        miss = last.cached is not None and last.cached < expected
-        self.pool._ok(m, slot, self.tokens, miss)
+        self.pool._ok(m, slot, self.key, self.tokens, miss_reason(pinned, last.cached, False) is not None)
         self._push("end", {"cached": last.cached, "evaluated": last.evaluated, "generated": last.generated,
-                           "stop": stop})
+                           "stop": stop, "prompt_ms": last.prompt_ms})
         stream.close()
+
+
+def miss_reason(pinned: dict, cached: int | None, ended: bool) -> str | None:
+    """Why a replica reused less of its cache than expected: ``remote_evicted`` (the slot lost
+    what the slot map knew it held: another client, a restart), the file's ``lost`` reason (its slot
+    went to another file and could not be restored), ``remote_unknown`` (the server did not say)."""
+    if cached is None:
+        return "remote_unknown" if ended else None
+    if cached < pinned.get("expected_cached", 0):
+        return "remote_evicted"
+    if pinned.get("lost") and cached < pinned.get("would_cache", 0):
+        return pinned["lost"]
+    return None
 
 
 def _common(a: str, b: str) -> str:

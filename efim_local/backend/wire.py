@@ -68,6 +68,23 @@ class Replica:
         finally:
             conn.close()
 
+    def post_json(self, path: str, body: dict, timeout: float = READ_TIMEOUT) -> dict:
+        """POST ``body`` to ``path``; its JSON answer (ReplicaError if it fails)."""
+        conn = self.connect(CONNECT_TIMEOUT)
+        try:
+            conn.request("POST", self.base + path, json.dumps(body), self.headers())
+            conn.sock.settimeout(timeout)
+            resp = conn.getresponse()
+            data = resp.read(1 << 20)
+            if resp.status != 200:
+                detail = data[:300].decode("utf-8", "replace").strip()
+                raise ReplicaError(f"{self.url}{path}: HTTP {resp.status}: {detail[:200]}", f"http_{resp.status}")
+            return json.loads(data or b"{}")
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise _error(self, path, e) from None
+        finally:
+            conn.close()
+
     def stream(self, path: str, body: dict, headers: dict | None = None,
                read_timeout: float = READ_TIMEOUT) -> "EventStream":
         """POST ``body`` and open its event stream (ReplicaError if it cannot be opened)."""
@@ -106,6 +123,10 @@ class EventStream:
 
     def __iter__(self):
         try:
+            if "json" in (self.resp.getheader("Content-Type") or ""):  # a whole answer, not a stream
+                msg = json.loads(self.resp.read(1 << 24))
+                yield msg
+                return
             while True:
                 line = self.resp.readline(1 << 22)
                 if not line:
@@ -124,10 +145,12 @@ class EventStream:
                     text = err.get("message", err) if isinstance(err, dict) else err
                     raise ReplicaError(f"{self.replica.url}: {text}", "server_error")
                 yield msg
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - closed from another thread: http.client fails in many ways
             if self.closed:
                 return
-            raise _error(self.replica, "", e) from None
+            if isinstance(e, (OSError, http.client.HTTPException, ValueError)):
+                raise _error(self.replica, "", e) from None
+            raise
 
     def close(self) -> None:
         """Stop the stream (idempotent; safe from another thread)."""

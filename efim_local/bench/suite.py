@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import util as bu
-from . import context, paced, peers, replay, restore, rounds, trace
+from . import context, paced, paced_remote, peers, replay, restore, rounds, trace
 
 PARTS = ("paced", "replay", "rounds", "restore")  # what a plain `efim bench` runs
 EXTRA_PARTS = ("context",)  # only when asked for (--only context): a paced replay, then scoring
@@ -27,6 +27,8 @@ class SuiteConfig:
     busy: bool = False  # the paced replay with one core kept busy by another process
     trace: str | None = None  # the edit trace, by name (trace.TRACES) or path; None: the default
     n_ctx: int | None = None  # tokens per slot in the paced and context parts; None: 8192 paced, 4096 context
+    backend: str | None = None  # paced part through replicas: URLs, or "local:N" (started here); paced_remote.py
+    kill_replica: bool = False  # and one of those started here killed halfway
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
@@ -49,7 +51,8 @@ def run(cfg: SuiteConfig, log=print) -> dict:
         pc = paced.PacedConfig(model, max_requests=cfg.max_requests or (40 if q else 200), threads=cfg.threads,
                                max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=cfg.server,
                                trace=cfg.trace, n_ctx=cfg.n_ctx or 8192)
-        res["paced"] = paced.run(pc)
+        res["paced"] = (paced.run(pc) if cfg.backend is None
+                        else paced_remote.run_spec(pc, cfg.backend, cfg.kill_replica))
         log(_paced_table(res["paced"]))
     if "context" in cfg.parts:
         cc = context.ContextConfig(model, trace=cfg.trace, max_requests=cfg.max_requests or (40 if q else 200),
@@ -97,7 +100,8 @@ def _paced_table(r: dict) -> str:
     cols = [c for c in ("backend", "requests", "answered", "stale_frac", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
                         "derived_p50_ms", "derived_p95_ms", "text_after_prefill_p50_ms", "text_after_prefill_p95_ms",
                         "context_frac_mean", "context_frac_shown", "reduced_frac",
-                        "ttft_p50_vs_infill", "ttft_p95_vs_infill")
+                        "ttft_p50_vs_infill", "ttft_p95_vs_infill", "lost", "ttft_p50_vs_inprocess",
+                        "ttft_p95_vs_inprocess")
             if any(c in s for s in r["summary"])]
     return "\n".join([head, bu.table(r["summary"], cols), *[f"note: {n}" for n in r["notes"]]]) + "\n"
 

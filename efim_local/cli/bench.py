@@ -33,10 +33,14 @@ from . import emit, main, user_errors
 @click.option("--trace", "trace_name", default=None, metavar="NAME|PATH",
               help="The edit trace: 'efim' (this project's history, the default), 'click' (click 8.1.x "
                    "releases, files of 3-10k tokens), or a trace file (scripts/make_trace.py).")
+@click.option("--backend", default=None, metavar="URL[,URL]|local:N",
+              help="The paced part through efim with these llama-server replicas (local:N: N started here), "
+                   "against efim in-process (docs/team.md).")
+@click.option("--kill-replica", is_flag=True, help="With --backend local:N: kill one replica halfway.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
 @user_errors
 def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, n_ctx, trace_name, out,
-          as_json):
+          backend, kill_replica, as_json):
     """Replay real edits through efim (EFIM, FIM) and llama-server (/infill, /completion), then
     the EFIM paper's rounds and the state-restore benchmark, all on one model.
 
@@ -52,10 +56,18 @@ def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--trace") from None
 
+    if backend is not None:
+        from ..config import check_url
+        from ..errors import ConfigError
+
+        try:
+            _ = int(backend[6:]) if backend.startswith("local:") else [check_url(u) for u in backend.split(",")]
+        except (ValueError, ConfigError) as e:
+            raise click.BadParameter(str(e), param_hint="--backend") from None
     cfg = suite.SuiteConfig(model=model, quick=quick, parts=tuple(only) or suite.PARTS,
                             server=server or peers.SERVER_BIN, threads=threads, out=out,
                             max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy,
-                            trace=trace_name, n_ctx=n_ctx)
+                            trace=trace_name, n_ctx=n_ctx, backend=backend, kill_replica=kill_replica)
     res = suite.run(cfg, log=(lambda s: None) if as_json else click.echo)
     if as_json:
         drop = ("rows", "full_tokens")

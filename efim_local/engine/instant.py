@@ -193,7 +193,7 @@ def ahead_steps(engine, path: str, should_stop=None):
     token each): the next completion after an accept is then known. Up to the answer's length plus
     the request's max_tokens, or the end of generation; nothing when the slot lost the KV."""
     s = engine.instant.shown.get(path) if engine.instant is not None else None
-    if s is None or not healed(engine.model, s):
+    if s is None or not healed(engine.model, s) or engine.remote is not None:  # remote: the trail is the server's
         return
 
     target = min(s.n_answer + s.max_tokens, engine.config.context.n_ctx_seq - len(s.prompt) - 1)

@@ -21,7 +21,8 @@ from ..config import Config
 from ..llama import Model
 from .engine import Engine, make_planner
 from .files import Files
-from .models import KIND_FRAGMENT, choose_layout, model_kind
+from .instant import Instant, model_key
+from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .slots import SlotManager
 from .speed import PrefillSpeed
 
@@ -51,6 +52,9 @@ class _NoReuse:
     def clear(self, slot) -> None:
         pass
 
+    def drop_others(self, path, prompt) -> None:
+        pass
+
 
 class RemoteEngine(Engine):
     """An engine whose decoding is the replicas': the vocabulary only, no weights, no context."""
@@ -61,16 +65,21 @@ class RemoteEngine(Engine):
             self.model = stack.enter_context(Model(model_path, vocab_only=True))
             self.template, self.planner = make_planner(self.model, config)
             self.remote = open_pool(config)
-            # No local KV: no type-through, accept or answer cache from it (instant.py).
-            self.sparse = self.store = self.cores = self.speed_file = self.instant = None
+            # No local KV. Type-through, accept and the answer cache need none: the replica's slot
+            # holds the prompt and the answer's tokens, and the trail is the ids the server named.
+            self.sparse = self.store = self.cores = self.speed_file = None
+            self.instant = Instant(self.model, model_key(model_path), self._ends, config.answer_cache)
             self.slots, self.files, self.reuse = SlotManager(0), Files(), _NoReuse()
             self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
             self.speed, self._saved_speed = PrefillSpeed(), 0
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             self.default_layout, self.layout_reason = choose_layout(
                 self.model.meta, config.layout, self.template.source == "text")
-            self.default_heal, self.heal_reason = False, "remote backend: healing runs in-process only"
+            self.default_heal, self.heal_reason = remote_heal(self, config)
             self._stack = stack.pop_all()
+
+    def _ends(self, tok: int) -> bool:
+        return self.model.is_eog(tok) or tok in self.template.stop_tokens
 
     def fit_threads(self) -> None:
         pass
@@ -81,7 +90,7 @@ class RemoteEngine(Engine):
     def status(self) -> dict:
         return {"model": str(self.model.path), "description": self.model.description(), "vocab_only": True,
                 "layout": self.default_layout, "layout_reason": self.layout_reason,
-                "heal": False, "heal_reason": self.heal_reason, "template": self.template.source,
+                "heal": self.default_heal, "heal_reason": self.heal_reason, "template": self.template.source,
                 "n_slots": 0, "n_ctx_seq": self.config.context.n_ctx_seq, "slots": [], "store": None,
                 "backend": self.remote.status()}
 
@@ -96,7 +105,18 @@ def open_remote(config: Config, model_path: str | Path, store=None) -> Engine:
     except BaseException:
         engine.close()
         raise
-    engine.default_heal, engine.heal_reason = False, "remote backend: healing runs in-process only"
-    engine.instant = None  # answers come from the replicas: no type-through from local KV
+    engine.default_heal, engine.heal_reason = remote_heal(engine, config)
+    # The budget's speed is the replicas' (remote_steps learns it); local prefills (a fallback) learn
+    # their own, which the budget does not ask, and neither is saved as this machine's speed.
+    engine.speed, engine.speed_file = PrefillSpeed(), None
+    engine.decoder.observe = PrefillSpeed().observe
     return engine
+
+
+def remote_heal(engine, config: Config) -> tuple[bool, str]:
+    """Healing with replicas: as in-process on llama-server (a grammar picks the healed token), off
+    on OpenAI-compatible servers (no grammar over llama.cpp's tokens there)."""
+    if not engine.remote.heals:
+        return False, "OpenAI-compatible backend: healing needs llama-server's grammar"
+    return choose_heal(engine.model.meta, engine.template.source == "text", config.heal)
 

@@ -125,7 +125,8 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     plan = fit_budget(engine, req, engine.plan(req))
     engine.files.set_typed(req.path, plan.middle_tokens)
     tokens, heal = plan.tokens, b""
-    want_heal = (engine.default_heal if req.how.heal is None else req.how.heal) and engine.remote is None
+    want_heal = (engine.default_heal if req.how.heal is None else req.how.heal) and (engine.remote is None
+                                                                                      or engine.remote.heals)
     if want_heal and plan.middle_tokens and Healer.should_heal(engine.model.piece(plan.middle_tokens[-1])):
         # Back off the middle's last token; generation must spell it out again.
         cut = plan.middle_start + len(plan.middle_tokens) - 1
@@ -294,7 +295,7 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
         probe_speed(engine)
     if budget <= 0 or not speed.known:
         return plan
-    peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32))
+    peek = lambda toks: (engine.reuse if engine.remote is None else engine.remote).peek(np.asarray(toks, np.int32))
     have = peek(plan.tokens)
     if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
         return adopt_growth(engine, req, plan, budget, peek) or plan

@@ -30,8 +30,12 @@ def test_the_daemon_answers_through_a_remote_llama_server(tiny_model, monkeypatc
                                        "max_tokens": 16}, on_notification=lambda m: parts.append(m["params"]["text"]))
         assert res["text"] == "".join(parts)
         assert res["remote"]["url"] == server.url and res["remote"]["failover"] == []
+        # The same request again is the answer cache's; a shorter one goes out and the server reuses its cache.
         again = client.call("complete", {"path": "/r/a.py", "text": src, "offset": len(src) - 1, "max_tokens": 16})
-        assert again["text"] == res["text"] and again["tokens"]["cached"] > 0 and again["remote"]["miss"] is None
+        assert again["text"] == res["text"] and again["source"] == "cache"
+        short = client.call("complete", {"path": "/r/a.py", "text": src, "offset": len(src) - 1, "max_tokens": 8})
+        assert res["text"].startswith(short["text"]) and short["tokens"]["cached"] > 0
+        assert short["remote"]["miss"] is None
         status = client.call("status")
         assert status["vocab_only"] is True and status["backend"]["replicas"][0]["served"] == 2
         assert KEY not in str(status)

@@ -41,6 +41,15 @@ def test_the_slot_map_pins_a_file_and_expects_its_common_prefix():
     assert m.slot_for("c") == b  # the least recently used goes
 
 
+def test_the_slot_map_says_whose_slot_it_was_and_whether_it_is_new():
+    m = SlotMap(1)
+    assert m.pin("a")[1:] == (None, True)
+    m.held[0] = np.arange(5, dtype=np.int32)
+    assert m.pin("a")[1:] == (None, False)
+    slot, (key, held), fresh = m.pin("b")
+    assert (slot, key, held.tolist(), fresh) == (0, "a", [0, 1, 2, 3, 4], True)
+
+
 def test_backend_config_is_checked_and_the_key_never_prints():
     c = Config(backend="http://a:1, https://b/x", api_key="s3cret")
     assert c.backend == ("http://a:1", "https://b/x")
@@ -102,7 +111,7 @@ def test_the_openai_driver_sends_token_ids_and_the_session():
         assert body["max_tokens"] == 3 and body["temperature"] == 0
         assert headers["x-session-id"] == "me/repo/a.py"
         assert "".join(d.text for k, d in events if k == "chunk") == "def f():"
-        assert events[-1] == ("end", {"cached": 2, "evaluated": 1, "generated": 3, "stop": "length"})
+        assert events[-1] == ("end", {"cached": 2, "evaluated": 1, "generated": 3, "stop": "length", "prompt_ms": None})
         bad = Pool([url], "openai", api_key="wrong")
         kind, err = drain(bad.start([1], Sampling(), "k"))[-1]
         assert kind == "error" and "http_401" in str(err)

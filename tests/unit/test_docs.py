@@ -70,7 +70,7 @@ def inline_code(path: Path) -> list[str]:
 
 
 # Options of other programs that the docs name: llama-server's, scripts/train.py's.
-FOREIGN_OPTIONS = {"--cache-reuse", "--swa-full", "--fragment-rate"}
+FOREIGN_OPTIONS = {"--cache-reuse", "--swa-full", "--fragment-rate", "--slot-save-path", "--cache-ram"}  # llama-server's
 
 
 def test_options_named_in_docs_exist():
