@@ -144,12 +144,16 @@ class Decoder:
             elif ready:
                 tok = ready.pop(0)
             elif row is None and drafter is not None and not heal and (draft := drafter.propose(ids)):
+                t = time.perf_counter()
                 ready = drafts.verify(self, slot, prompt, ids, draft)
-                drafter.taken(len(ids), len(draft), len(ready) - 1)
+                drafter.taken(len(ids), len(draft), len(ready) - 1, time.perf_counter() - t)
                 tok = ready.pop(0)
             else:
                 if row is None:
+                    t = time.perf_counter()
                     row = self.logits_after(slot, prompt, ids)
+                    if drafter is not None and self.batch.raw.n_tokens == 1:
+                        self.draft_stats.plain(time.perf_counter() - t)  # one token decoded: the cost to beat
                 tok = (healing.pick(self.ctx.logits(row), self.healer.allowed(heal)) if heal
                        else sampler.sample(self.ctx, row))
             row = None  # read: the next token needs this one decoded

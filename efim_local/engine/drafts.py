@@ -33,6 +33,7 @@ MIN_NGRAM, MAX_NGRAM = 1, 3
 HISTORY = 8  # earlier completions searched for n-grams
 LOW_ACCEPT = 0.25  # below this share of drafted tokens taken (smoothed), drafting pauses
 PAUSE = 16  # tokens decoded plainly before drafting probes again
+PLAIN_EVERY = 48  # a plain decode after this many tokens keeps its cost known
 SMOOTH = 0.3  # weight of the latest verification in the smoothed acceptance
 MIN_REJOIN = 6  # non-blank characters the rejoin text spans at least
 SUFFIX_PEEK = 64  # suffix tokens read for the rejoin text
@@ -92,11 +93,15 @@ class Drafter:
         self.prompt, self.suffix, self.history = prompt, suffix, list(history)
         self.cap, self.stats = cap, stats
         self.k = min(cap, max(2, stats.k))
-        self.paused_until = 0
+        self.paused_until = PAUSE if stats.costly() else 0
+        self.plain_at = PLAIN_EVERY
 
     def propose(self, ids: list[int]) -> list[int]:
         """Up to ``k`` tokens likely to follow ``ids`` (the output so far); [] to decode plainly."""
         if len(ids) < self.paused_until or not ids:
+            return []
+        if self.stats.plain_s is None or len(ids) >= self.plain_at:  # a plain decode: the cost to beat
+            self.plain_at = len(ids) + PLAIN_EVERY
             return []
         out = np.asarray(ids, dtype=np.int32)
         for n in range(min(MAX_NGRAM, len(ids)), MIN_NGRAM - 1, -1):
@@ -107,34 +112,60 @@ class Drafter:
                     return [int(t) for t in hay[at:at + self.k]]
         return []
 
-    def taken(self, n_ids: int, drafted: int, accepted: int) -> None:
-        """Learn from a verification: ``accepted`` of ``drafted`` tokens were the greedy ones."""
-        self.stats.note(drafted, accepted)
+    def taken(self, n_ids: int, drafted: int, accepted: int, seconds: float = 0.0) -> None:
+        """Learn from a verification: ``accepted`` of ``drafted`` tokens were the greedy ones, and it
+        took ``seconds``."""
+        self.stats.note(drafted, accepted, seconds)
         self.k = min(self.cap, self.k + 2) if accepted == drafted else max(1, accepted + 1)
         self.stats.k = self.k
         if self.stats.rate < LOW_ACCEPT:
             self.paused_until = n_ids + PAUSE
             self.stats.rate = LOW_ACCEPT  # the probe after the pause starts from the threshold
+        elif self.stats.costly():
+            self.paused_until = n_ids + PAUSE
 
 
 class DraftStats:
-    """Acceptance over all generations (``efim status``-style counters and the smoothed rate)."""
+    """Acceptance and cost over all generations: the smoothed share of drafted tokens taken, and
+    the smoothed time per token of plain decodes and of verified drafts. A model whose output layer
+    dominates (a large vocabulary on a CPU: every verified row costs its logits) may decode no
+    faster with drafts: they pause then, and probe again later."""
 
     def __init__(self):
         self.drafted = self.accepted = self.verifications = 0
         self.rate = 0.5
         self.k = 4
+        self.plain_s = self.draft_s = None  # smoothed seconds per token
         self.history: deque[np.ndarray] = deque(maxlen=HISTORY)
 
-    def note(self, drafted: int, accepted: int) -> None:
+    def note(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
         self.drafted += drafted
         self.accepted += accepted
         self.verifications += 1
         self.rate = (1 - SMOOTH) * self.rate + SMOOTH * (accepted / max(1, drafted))
+        if seconds > 0:
+            self.draft_s = _ema(self.draft_s, seconds / (accepted + 1))
+
+    def plain(self, seconds: float) -> None:
+        """A plain decode took ``seconds`` (one token)."""
+        self.plain_s = _ema(self.plain_s, seconds)
+
+    def costly(self) -> bool:
+        """Whether verified drafts have cost more per token than plain decodes lately."""
+        return self.plain_s is not None and self.draft_s is not None and self.draft_s > self.plain_s
 
     def as_dict(self) -> dict:
         return {"verifications": self.verifications, "drafted": self.drafted, "accepted": self.accepted,
-                "accept_rate": round(self.accepted / self.drafted, 3) if self.drafted else None}
+                "accept_rate": round(self.accepted / self.drafted, 3) if self.drafted else None,
+                "ms_per_token": {"plain": _ms(self.plain_s), "drafts": _ms(self.draft_s)}}
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - SMOOTH) * old + SMOOTH * new
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1e3, 2)
 
 
 def verify(dec, slot, prompt: np.ndarray, ids: list[int], draft: list[int]) -> list[int]:
