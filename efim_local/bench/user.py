@@ -188,35 +188,3 @@ def run_user(cfg, trace_steps: list[Step]) -> dict:
         proc.terminate()
         proc.wait(30)
 
-
-def main(argv=None) -> None:
-    """``python -m efim_local.bench.user``: the simulated user on a trace, with gemma3-270m."""
-    import argparse
-    import json
-
-    from . import paced
-    from . import trace as tr
-    from .suite import bench_model
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="gemma")
-    ap.add_argument("--trace", default="click")
-    ap.add_argument("--requests", type=int, default=100)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=str, default=None, help="write the report (JSON) here")
-    a = ap.parse_args(argv)
-    model, _ = bench_model(a.model)
-    cfg = paced.PacedConfig(model, max_requests=a.requests, max_tokens=a.max_tokens, threads=a.threads,
-                            trace=a.trace, n_ctx=4096)
-    res = run_user(cfg, paced.steps(tr.load(tr.resolve(a.trace)), cfg.pacing))
-    res["load_avg"] = __import__("os").getloadavg()
-    text = json.dumps({k: v for k, v in res.items() if k != "accepts_detail"}, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=2)
-
-
-if __name__ == "__main__":
-    main()
