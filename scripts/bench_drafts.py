@@ -108,8 +108,10 @@ def speed(rows) -> dict:
     n = sum(max(0, r["tokens"] - 1) for r in rows)
     p, d = sum(r["plain_ms"] for r in rows), sum(r["drafts_ms"] for r in rows)
     tp, td = n / p * 1e3 if p else 0.0, n / d * 1e3 if d else 0.0
+    per = sorted(r["plain_ms"] / r["drafts_ms"] for r in rows if r["tokens"] >= 8 and r["drafts_ms"] > 0)
     return {"cursors": len(rows), "tokens": n, "plain_tok_s": tp, "drafts_tok_s": td,
             "speedup": td / tp if tp else float("nan"),
+            "median_speedup": per[len(per) // 2] if per else float("nan"),  # per cursor: robust to stalls
             "tokens_per_verification": n / max(1, sum(r["verifications"] for r in rows))}
 
 
