@@ -22,11 +22,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-prompt-ms", type=float, default=None, help="latency budget (default: the config's)")
     ap.add_argument("--out", type=str, default=None, help="write the report (JSON) here")
     a = ap.parse_args()
     model, _ = bench_model(a.model)
     cfg = paced.PacedConfig(model, max_requests=a.requests, max_tokens=a.max_tokens, threads=a.threads,
-                            trace=a.trace, n_ctx=4096)
+                            trace=a.trace, n_ctx=4096, max_prompt_ms=a.max_prompt_ms)
     res = run_user(cfg, paced.steps(tr.load(tr.resolve(a.trace)), cfg.pacing))
     res["load_avg"] = os.getloadavg()
     print(json.dumps({k: v for k, v in res.items() if k != "accepts_detail"}, indent=2))

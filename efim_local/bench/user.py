@@ -79,8 +79,7 @@ def user_replay(editor: EfimEditor, steps: list[Step], debounce_s: float, limit:
         if running is not None:  # the suggestion, if its answer came in time
             th, out, f = running
             if th.is_alive():
-                editor.cancel(th)
-                th.join(60)
+                editor.cancel(th)  # the user acts first: no suggestion (not waited for, as in paced.replay)
             elif out.text and prev is not None and f.doc == prev.doc and f.cursor == prev.cursor:
                 ghost = Ghost(f.doc, f.cursor, out.text)
             running = None
