@@ -66,8 +66,12 @@ def accept_match(steps: list[Step], i: int, ghost: Ghost) -> tuple[int, str, str
     return None
 
 
-def user_replay(editor: EfimEditor, steps: list[Step], debounce_s: float, limit: int | None = None) -> dict:
-    """Play ``steps`` in real time with a user who accepts matching suggestions; the report."""
+def user_replay(editor: EfimEditor, steps: list[Step], debounce_s: float, limit: int | None = None,
+                patient_s: float = 0.0, read_s: float = 0.4) -> dict:
+    """Play ``steps`` in real time with a user who accepts matching suggestions; the report.
+    ``patient_s`` > 0: the user waits up to that long for each suggestion, then reads it for
+    ``read_s`` (the daemon computes ahead meanwhile), and the rest of the trace comes that much later
+    (a slow or loaded machine still shows the accept path)."""
     t0 = time.perf_counter()
     shift, prev, ghost = 0.0, None, None
     running: tuple[threading.Thread, Outcome, Fired] | None = None
@@ -95,6 +99,8 @@ def user_replay(editor: EfimEditor, steps: list[Step], debounce_s: float, limit:
             shift += steps[m].t - s.t  # the typing it saved
             prev, ghost = steps[m], (Ghost(f.doc, f.cursor, out.text) if out.text else None)
             i = m + 1
+            if patient_s > 0 and ghost is not None and i < len(steps):
+                shift = _wait(None, out, patient_s, read_s, t0 + steps[i].t - shift, shift)
             continue
         if ghost is not None:  # typing the suggestion's next character keeps it shown
             ch = s.change[2] if s.change else None
@@ -115,10 +121,22 @@ def user_replay(editor: EfimEditor, steps: list[Step], debounce_s: float, limit:
             running = (th, out, f)
             rows.append(_row(f, out))
             n_fired += 1
+            if patient_s > 0:
+                shift = _wait(th, out, patient_s, read_s, t0 + nxt - shift, shift)
         i += 1
     if running is not None:
         running[0].join(120)
     return summarize_user(rows, accepts, through)
+
+
+def _wait(th, out: Outcome, patient_s: float, read_s: float, next_at: float, shift: float) -> float:
+    """A patient user: wait for the answer, read it; the shift that puts the next step after that."""
+    if th is not None:
+        th.join(patient_s)
+    if out.text:
+        time.sleep(read_s)
+    late = time.perf_counter() + 0.01 - next_at
+    return shift - late if late > 0 else shift
 
 
 def _accept(editor: EfimEditor, prev: Step, ghost: Ghost, text: str, to: Step) -> tuple[Outcome, Fired]:
@@ -169,8 +187,9 @@ def _sleep_until(t: float) -> None:
         time.sleep(delay)
 
 
-def run_user(cfg, trace_steps: list[Step]) -> dict:
-    """The simulated user's replay of ``trace_steps`` against a fresh daemon (paced.PacedConfig)."""
+def run_user(cfg, trace_steps: list[Step], patient_s: float = 0.0) -> dict:
+    """The simulated user's replay of ``trace_steps`` against a fresh daemon (paced.PacedConfig);
+    ``patient_s``: see :func:`user_replay`."""
     conf = {"max_tokens": cfg.max_tokens}
     if cfg.max_prompt_ms is not None:
         conf["max_prompt_ms"] = cfg.max_prompt_ms
@@ -179,7 +198,7 @@ def run_user(cfg, trace_steps: list[Step]) -> dict:
     time.sleep(2.0)  # the daemon measures its prefill speed when idle after start
     ed = EfimEditor(sock, cfg.max_tokens)
     try:
-        res = user_replay(ed, trace_steps, cfg.pacing.debounce_s, cfg.max_requests)
+        res = user_replay(ed, trace_steps, cfg.pacing.debounce_s, cfg.max_requests, patient_s)
         res["engine_time_s"] = ed.ctl.call("status").get("engine_time_s", {})
         return res
     finally:
