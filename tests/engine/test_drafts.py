@@ -131,3 +131,18 @@ def test_find_suffix(engine):
     m = engine.template.markers
     prompt = np.asarray([*m.bos, *m.pre, 5, 6, *m.suf, 7, 8, 9, *m.mid, 10], dtype=np.int32)
     assert list(drafts.find_suffix(prompt, m)) == [7, 8, 9]
+
+
+@settings(max_examples=3, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(i=st.integers(0, 5), at=st.integers(200, 3500), right=st.integers(0, 6), wrong=st.integers(1, 6))
+def test_sliding_window_models_cut_rejected_drafts_too(tiny_model_swa, i, at, right, wrong):
+    """A Gemma-3-style model (32-token window, kept whole: swa_full): the KV of rejected drafts is cut
+    and the answer is the plain one."""
+    doc, cur = doc_at(i, at)
+    with Engine(small_config(drafts=False, **CFG), tiny_model_swa) as plain_swa:
+        want = plain_swa.complete(CompletionRequest(doc, cur, path="s.py"))
+    with Engine(small_config(**CFG), tiny_model_swa) as e:
+        script = Scripted(want.token_ids + [0] * 16, right, wrong, e.model.n_vocab)
+        e.decoder.drafter = lambda *a: script
+        got = e.complete(CompletionRequest(doc, cur, path="s.py"))
+    assert got.token_ids == want.token_ids and script.verified > 0
