@@ -36,6 +36,7 @@ RULES = {name: Options.rule(name) for name in REQUEST_DEFAULTS} | {
     "max_middle_tokens": _rule(int, 1, 1 << 20), "idle_chunk_tokens": _rule(int, 1, 1 << 16),
     "idle_chunk_ms": _rule(float, 1, 60_000), "grow_share": _rule(float, 0, 0.9),
     "grow_window_ms": _rule(float, 0, 60_000), "answer_cache": _rule(int, 0, 1 << 16),
+    "drafts": _rule(bool),
     "n_gpu_layers": _rule(int, 0, 100_000), "main_gpu": _rule(int, 0, 1024),
     "store": _rule(bool), "state_dir": _rule(str), "ram_mb": _rule(float, 0, 1 << 24),
     "disk_mb": _rule(float, 0, 1 << 30), "min_state_tokens": _rule(int, 0, 1 << 21),
@@ -153,6 +154,9 @@ class Config:
     grow_window_ms: float = 500.0
     # Answers kept by content (model, plan, options), shared by every client of a daemon; 0: off.
     answer_cache: int = 256
+    # Greedy answers verify drafted tokens (the suffix, n-grams of the file and of earlier answers) in
+    # batches: same tokens, faster (engine/drafts.py). False: one token per decode.
+    drafts: bool = True
     context: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     main_gpu: int = 0

@@ -62,6 +62,8 @@ class Outcome:
     reanchor: str | None = None
     wait_ms: float | None = None  # round trip less the backend's own time: queueing and IPC
     source: str | None = None  # efim: computed, type-through, accept or cache (docs/protocol.md)
+    text: str = ""  # the answer (efim; the simulated user of bench/user.py reads it)
+    total_ms: float | None = None  # the daemon's own time for it
 
 
 class EfimEditor:
@@ -120,6 +122,7 @@ class EfimEditor:
         out.wait_ms = (out.t_done - out.t_send) * 1e3 - tm["total_ms"]
         out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
         out.source = res.get("source")
+        out.text, out.total_ms = res.get("text", ""), tm.get("total_ms")
 
     def cancel(self, older: threading.Thread) -> None:
         """The user typed on: cancel the request if it still runs (its id is 1 on its connection)."""

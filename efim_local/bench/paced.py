@@ -208,6 +208,7 @@ class PacedConfig:
     server: Path | None = None  # llama-server binary; None: efim only
     trace: Path | str | None = None  # a trace's name (trace.TRACES) or path; None: the default
     pacing: Pacing = Pacing()
+    user: bool = False  # also replay with a simulated user who accepts matching suggestions (user.py)
 
 
 def full_tokens(model: Path, fired: list[Fired], n_ctx: int) -> list[int]:
@@ -262,6 +263,11 @@ def run(cfg: PacedConfig) -> dict:
     finally:
         if hog is not None:
             hog.kill()
+    user_res = None
+    if cfg.user:  # a fresh daemon: the same trace with a user who accepts what matches (user.py)
+        from .user import run_user
+
+        user_res = run_user(cfg, st)
     summary = [summarize(name, r, full) for name, r in rows.items()]
     base = next((s for s in summary if s["backend"] == InfillEditor.name), None)
     for s in summary:
@@ -273,4 +279,4 @@ def run(cfg: PacedConfig) -> dict:
                 1 for s in st if s.kind == "key" and s.change and len(s.change[2]) == 2),
             "duration_s": st[-1].t if st else 0, "busy": cfg.busy, "max_prompt_ms": cfg.max_prompt_ms,
             "summary": summary, "rows": rows, "full_tokens": full, "notes": notes, "efim_threads": threads,
-            "engine_time_s": engine_time}
+            "engine_time_s": engine_time, **({"user": user_res} if user_res is not None else {})}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -12,6 +12,7 @@ from ..errors import Cancelled, NoKvSlot
 from ..llama import Batch, Context, Model, Sampler
 from ..prompt import healing
 from ..prompt.healing import Healer
+from . import drafts
 from .slots import Slot, SlotManager
 from .stream import StopRules, TextStream
 
@@ -41,6 +42,12 @@ class Decoder:
         self.observe = observe
         self.fit = None  # called before every decode: automatic threads follow the load (engine/cpu.py)
         self._healer: Healer | None = None
+        # Drafts (drafts.py): greedy generations verify drafted tokens in batches; the FIM markers
+        # locate the suffix (its rejoin text ends an answer, drafted or not); free_cores() caps drafts.
+        self.drafting = True
+        self.markers = None
+        self.free_cores = None  # () -> (free, all)
+        self.draft_stats = drafts.DraftStats()
 
     @property
     def healer(self) -> Healer:
@@ -121,18 +128,32 @@ class Decoder:
         logits it read are used, so the scheduler may decode other slots then. It yields ``SHOWN``
         instead once some text went out (work that rides along waits for the first text). Known
         tokens cost nothing: no step ends after them."""
-        rules, heal, known, trail = spec.rules, spec.heal, spec.known, spec.trail
+        heal, known, trail = spec.heal, spec.known, spec.trail
+        suffix = drafts.find_suffix(prompt, self.markers)
+        rules = self.with_rejoin(spec.rules, suffix)
         stream = TextStream(rules)
         ids: list[int] = []
         row = self.batch.raw.n_tokens - 1 if logits_ready else None
         t_first, reason, shown = None, "max_tokens", False
+        drafter = self.drafter(prompt, suffix, sampler)
+        ready: list[int] = []  # greedy tokens a verified draft gave, not taken yet
         while len(ids) < rules.max_tokens:
             computed = len(ids) >= len(known)
             if not computed:
                 tok = known[len(ids)]
+            elif ready:
+                tok = ready.pop(0)
+            elif row is None and drafter is not None and not heal and (draft := drafter.propose(ids)):
+                t = time.perf_counter()
+                ready = drafts.verify(self, slot, prompt, ids, draft)
+                drafter.taken(len(ids), len(draft), len(ready) - 1, time.perf_counter() - t)
+                tok = ready.pop(0)
             else:
                 if row is None:
+                    t = time.perf_counter()
                     row = self.logits_after(slot, prompt, ids)
+                    if drafter is not None and self.batch.raw.n_tokens == 1:
+                        self.draft_stats.plain(time.perf_counter() - t)  # one token decoded: the cost to beat
                 tok = (healing.pick(self.ctx.logits(row), self.healer.allowed(heal)) if heal
                        else sampler.sample(self.ctx, row))
             row = None  # read: the next token needs this one decoded
@@ -158,14 +179,36 @@ class Decoder:
                 break
             if spec.should_stop is not None and spec.should_stop():
                 raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
-            if computed:
+            if computed and not ready:  # a verified draft is one step
                 yield SHOWN if shown else TOKEN
                 if spec.should_stop is not None and spec.should_stop():
                     raise Cancelled(data={"first_token_at": t_first, "generated": len(ids)})
         tail = stream.finish()
         if tail and spec.on_text:
             spec.on_text(tail)
+        if trail is not None and len(trail) == len(ids) and reason != "eog":
+            for tok in ready:  # verified past the stop: more of the greedy continuation, for free
+                trail.append(tok)
+                if self.ends(tok):
+                    break
+        if ids:
+            self.draft_stats.history.append(np.asarray(ids, dtype=np.int32))
         return Generated(ids, stream, reason, t_first)
+
+    def with_rejoin(self, rules: StopRules, suffix: np.ndarray) -> StopRules:
+        """``rules`` that also stop where the output rejoins the suffix (drafts.rejoin_text)."""
+        if not len(suffix) or rules.rejoin:
+            return rules
+        text = b"".join(self.model.piece(int(t)) for t in suffix[:drafts.SUFFIX_PEEK]).decode("utf-8", "replace")
+        return replace(rules, rejoin=drafts.rejoin_text(text))
+
+    def drafter(self, prompt: np.ndarray, suffix: np.ndarray, sampler: Sampler) -> "drafts.Drafter | None":
+        """The drafts of a greedy generation (None: sampling, or drafting is off)."""
+        if not self.drafting or sampler.params.temperature > 0:
+            return None
+        free, cores = self.free_cores() if self.free_cores is not None else (1, 1)
+        cap = drafts.MAX_DRAFT if free >= cores else max(2, drafts.MAX_DRAFT // 2)
+        return drafts.Drafter(prompt, suffix, self.draft_stats.history, cap, self.draft_stats)
 
     def logits_after(self, slot: Slot, prompt: np.ndarray, ids: list[int]) -> int:
         """Decode what the slot lacks of ``prompt`` + ``ids`` (at least its last token, whose logits

@@ -110,6 +110,8 @@ class Engine:
             auto = not (cp.n_threads and cp.n_threads_batch) and not cp.flash_attn
             self.cores = FreeCores() if auto else None
             self.decoder.fit = self.fit_threads  # per decode: one long answer adapts too
+            self.decoder.drafting, self.decoder.markers = config.drafts, self.template.markers
+            self.decoder.free_cores = lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1)
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
             self._stack = stack.pop_all()

@@ -37,6 +37,7 @@ def engine_status(engine) -> dict:
         "sliding_window": engine.model.n_swa, "swa_strategy": engine.swa_strategy,
         "state_restore": "whole-state checkpoints" if engine.swa else "longest prefix",
         "sparse_restore": sparse_status(engine),
+        "drafts": {"on": engine.decoder.drafting, **engine.decoder.draft_stats.as_dict()},
         "slots": slot_info(engine),
         "store": engine.store.stats() if engine.store else None,
         "backend": engine.remote.status() if engine.remote is not None else None,

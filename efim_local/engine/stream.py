@@ -13,6 +13,7 @@ class StopRules:
     max_lines: int | None = None  # stop after this many lines
     stop_strings: tuple[str, ...] = ()
     closers: str = ""  # auto-paired closers after the cursor: stop where the text would close them
+    rejoin: str = ""  # the suffix's first lines: output that reproduces them ends before them (drafts.py)
 
 
 OPENERS = {")": "(", "]": "[", "}": "{"}
@@ -53,6 +54,11 @@ class TextStream:
             i = buf.find(s, len(self.text) - len(s) + 1 if len(self.text) >= len(s) else 0)
             if i >= 0 and (cut is None or i < cut):
                 cut, reason = i, "stop_string"
+        if self.rules.rejoin:
+            s = self.rules.rejoin
+            i = buf.find(s, len(self.text) - len(s) + 1 if len(self.text) >= len(s) else 0)
+            if i >= 0 and (cut is None or i < cut):
+                cut, reason = i, "rejoin"
         if self.rules.closers:
             i = _closing(buf, self.rules.closers[0])
             if i is not None and (cut is None or i < cut):
@@ -68,7 +74,7 @@ class TextStream:
             self.text = buf[:max(cut, len(self.text))]
             self._pending = ""
             return out
-        hold = _held_back(buf, self.rules.stop_strings)
+        hold = _held_back(buf, self.rules.stop_strings + ((self.rules.rejoin,) if self.rules.rejoin else ()))
         if final and hold < MIN_MARKER_TAIL:
             hold = 0  # the stream ended on one character of a marker: more likely code ("a <") than a marker
         keep = len(buf) - hold  # final: a longer tail ("</MI") was a marker cut short, never shown

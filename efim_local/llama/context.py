@@ -83,6 +83,13 @@ class Context(Handle):
             raise BackendError(f"no logits for batch row {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
+    def argmax(self, i: int) -> int:
+        """The greedy token of the i-th output row of the last batch (no copy of the logits)."""
+        ptr = lib.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise BackendError(f"no logits for batch row {i}")
+        return int(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())
+
     # -- sequences --------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool:
         """Remove cells of ``seq`` in [p0, p1). False if a partial removal is impossible."""
