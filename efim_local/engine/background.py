@@ -136,8 +136,9 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
         return
     session = engine.files.get(path).session
     partial = session.anchor
-    full = engine.planner.full_anchor(partial, engine.config.max_tokens)
-    tokens = engine.planner.stable_tokens(session.layout, full, session.typed)
+    planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
+    full = planner.full_anchor(partial, engine.config.max_tokens)
+    tokens = planner.stable_tokens(session.layout, full, session.typed)
     yield from run_steps(engine, tokens, Options(max_tokens=0), RunOptions(
         path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True, light=light))
     if session.anchor is partial:  # nothing re-anchored the file meanwhile
