@@ -15,64 +15,7 @@ from efim_local.engine.repoctx import imports_fingerprint, rebuild_steps
 from efim_local.kv.settings import store_config
 from efim_local.request import Options
 
-from tests.helpers import small_config
-
-GEOMETRY = '''"""Points and distances."""
-
-
-class Point:
-    """A point in the plane."""
-
-    def __init__(self, x: float, y: float):
-        self.x = x
-        self.y = y
-
-    def norm(self) -> float:
-        return (self.x ** 2 + self.y ** 2) ** 0.5
-
-    def scaled(self, k: float) -> "Point":
-        return Point(self.x * k, self.y * k)
-
-
-def distance(a: Point, b: Point) -> float:
-    """Euclidean distance between two points."""
-    return Point(a.x - b.x, a.y - b.y).norm()
-
-
-def midpoint(a: Point, b: Point) -> Point:
-    return Point((a.x + b.x) / 2, (a.y + b.y) / 2)
-'''
-UTIL = '''def clamp(value: float, low: float, high: float) -> float:
-    """``value`` within [low, high]."""
-    return max(low, min(high, value))
-
-
-def lerp(a: float, b: float, t: float) -> float:
-    return a + (b - a) * t
-'''
-APP = '''from pkg.geometry import Point, distance
-
-
-def main() -> float:
-    p = Point(1, 2)
-    q = Point(3, 4)
-    total = distance(p, q)
-    return total
-'''
-
-
-def make_repo(root: Path) -> Path:
-    """A git work tree: a package whose modules import each other, and an ignored file."""
-    (root / "pkg").mkdir(parents=True)
-    (root / "pkg" / "__init__.py").write_text("")
-    (root / "pkg" / "geometry.py").write_text(GEOMETRY)
-    (root / "pkg" / "util.py").write_text(UTIL)
-    (root / "app.py").write_text(APP)
-    (root / "secret_gen.py").write_text("def leaked_secret_function(token):\n    return token\n")
-    (root / ".gitignore").write_text("secret_gen.py\n")
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
-    return root
+from tests.helpers import REPO_APP as APP, REPO_GEOMETRY as GEOMETRY, make_repo, small_config
 
 
 @pytest.fixture
