@@ -119,7 +119,8 @@ class RepoLeads:
         self.max_lead = engine.config.context.n_ctx_seq // 2
         self.lock = threading.Lock()
         self.projects: OrderedDict[str, Project] = OrderedDict()
-        self.leads: OrderedDict[str, Lead] = OrderedDict()
+        self.leads: OrderedDict[str, Lead] = OrderedDict()  # the latest computed, by file
+        self.used: OrderedDict[str, tuple[tuple[int, ...], dict]] = OrderedDict()  # a session's lead, its report
         self.roots: dict[str, str | None] = {}
         self.pool = ThreadPoolExecutor(1, "efim-repo", initializer=_low_priority)
 
@@ -208,29 +209,31 @@ class RepoLeads:
         bos = self.engine.planner.markers.bos
         for tokens, tiers in ((lead.tokens, lead.t0 + lead.t1), (lead.t0_only(), lead.t0)):
             if self.cached((*bos, *tokens[:tiers])) >= len(bos) + tiers:
-                session.lead = tokens
-                self._note_used(path, lead)
+                self.use(session, path, lead, tokens)
                 return
 
-    def _note_used(self, path: str, lead: Lead) -> None:
+    def use(self, session: FileSession, path: str, lead: Lead, tokens: tuple[int, ...]) -> None:
+        """``session`` plans with ``tokens`` (``lead`` or its T0-only form) from now on."""
+        session.lead = tokens
         with self.lock:
-            if path not in self.leads:
-                self.leads[path] = lead
-                self._trim()
+            self.used[path] = (tokens, lead.report(tokens))
+            self.used.move_to_end(path)
+            self._trim()
 
     def _trim(self) -> None:
-        while len(self.leads) > MAX_LEADS:
-            self.leads.popitem(last=False)
+        for d in (self.leads, self.used):
+            while len(d) > MAX_LEADS:
+                d.popitem(last=False)
 
     def report(self, path: str | None) -> dict:
         """The repository context of ``path``'s current plans: tokens per tier."""
         f = self.engine.files.get(path) if path else None
         lead_tokens = f.session.lead if f is not None and f.session is not None else ()
         with self.lock:
-            lead = self.leads.get(path)
-        if not lead_tokens or lead is None:
-            return {"t0_tokens": 0, "t1_tokens": 0, "file_tokens": 0, "tokens": len(lead_tokens)}
-        return lead.report(lead_tokens)
+            used = self.used.get(path)
+        if used is not None and used[0] == lead_tokens and lead_tokens:
+            return dict(used[1])
+        return {"t0_tokens": 0, "t1_tokens": 0, "file_tokens": 0, "tokens": len(lead_tokens)}
 
     def stale(self, path: str | None) -> bool:
         """Whether ``path``'s lead must be (re)computed or switched to: none yet, its import lines
@@ -319,9 +322,15 @@ def rebuild_steps(engine, path: str, should_stop=None):
     the new one and switch to it (idle steps; see the module's docstring)."""
     repo: RepoLeads = engine.repo
     project = repo.project_for(path)
-    if project is None or not repo.stale(path):
+    if project is None or engine.remote is not None or not repo.stale(path):
+        return  # (replicas hold no local KV to keep a lead in)
+    try:
+        ctx = yield from wait(repo.built(project), should_stop)
+    except Cancelled:
+        raise
+    except Exception as e:  # noqa: BLE001 - an unreadable project: file-only plans
+        log.debug("%s: no repository context: %s", project.root, e)
         return
-    ctx = yield from wait(repo.built(project), should_stop)
     f = engine.files.get(path)
     rel = repo.rel(project, path)
     if f is None or f.text is None or rel is None:
@@ -331,11 +340,8 @@ def rebuild_steps(engine, path: str, should_stop=None):
     lead = repo.render(project, t0, t1, rel, imports_fingerprint(text), gen)
     repo.remember(path, lead, project, t0, t1, rel)
     session = f.session
-    if session is None or session.lead == lead.tokens:
-        return
-    if session.anchor is None:
-        session.lead = lead.tokens
-        return
+    if session is None or session.lead == lead.tokens or session.anchor is None:
+        return  # (a new session adopts it when its KV is at hand)
     bos = engine.planner.markers.bos
     head = (*bos, *lead.tokens[:lead.t0])
     if project.t0_done != lead.t0_digest:  # the T0 head alone: its own saved state, shared by every file
@@ -355,6 +361,7 @@ def rebuild_steps(engine, path: str, should_stop=None):
         path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
     if engine.files.get(path) is not f or f.session is not session or session.anchor is not old:
         raise Cancelled()  # re-anchored meanwhile: again when idle (what was prefilled stays in its slot)
-    session.lead, session.anchor, session.note = lead.tokens, new, REPO_CONTEXT
+    repo.use(session, path, lead, lead.tokens)
+    session.anchor, session.note = new, REPO_CONTEXT
     engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
     log.debug("%s: repository context switched (%s)", path, lead.report(lead.tokens))
