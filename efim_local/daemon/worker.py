@@ -136,14 +136,21 @@ class Worker:
             if err is None and greedy(job.request.how):
                 self._ahead_later(job.request.path)
             self._grow_later(job.request.path)
-            if self.engine.repo is not None and self.engine.repo.stale(job.request.path):
-                self.repo_later(job.request.path)
+            self._repo_check(job.request.path)
 
     def _ahead_later(self, path: str) -> None:
         """While the answer is shown, extend its greedy continuation (the next completion after an
         accept): first among the file's background work."""
         self.add_idle(lambda engine, should_stop: ahead_steps(engine, path, should_stop), key=("ahead", path),
                       path=path, first=True)
+
+    def _repo_check(self, path: str | None) -> None:
+        """After a request: rebuild the file's repository context if its imports or the project changed."""
+        try:
+            if self.engine.repo is not None and self.engine.repo.stale(path):
+                self.repo_later(path)
+        except Exception:  # noqa: BLE001 - optional work never fails the engine thread
+            log.exception("repository context check failed")
 
     def repo_later(self, path: str) -> None:
         """(Re)compute the repository context of ``path`` and switch its plan to it, while idle

@@ -161,7 +161,10 @@ class Engine:
         """The token plan for a request (and the file's new anchor, if it moved)."""
         session = self.session(req.path)
         if self.repo is not None and session.anchor is None:
-            self.repo.adopt(session, req.path)
+            try:
+                self.repo.adopt(session, req.path)
+            except Exception:  # noqa: BLE001 - optional context never fails a request: file-only
+                log.exception("repository context not adopted")
         plan = self.planner_for(session).plan(session, req.text, req.cursor, req.how.layout,
                                               reserve=self.max_tokens(req.how))
         if session.note is not None:  # the first plan on an anchor that background work switched to
