@@ -207,8 +207,10 @@ class RepoLeads:
         if lead is None:
             return
         bos = self.engine.planner.markers.bos
+        # A sliding-window model's saved state ends a token short of its prompt (its checkpoint).
+        slack = 1 if self.engine.swa else 0
         for tokens, tiers in ((lead.tokens, lead.t0 + lead.t1), (lead.t0_only(), lead.t0)):
-            if self.cached((*bos, *tokens[:tiers])) >= len(bos) + tiers:
+            if self.cached((*bos, *tokens[:tiers])) >= len(bos) + tiers - slack:
                 self.use(session, path, lead, tokens)
                 return
 

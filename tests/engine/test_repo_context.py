@@ -159,3 +159,22 @@ def test_files_outside_a_git_tree_and_relative_paths_plan_file_only(engine, tmp_
         out = engine.complete(CompletionRequest(APP, 10, path=path))
         assert out.context["repo"]["tokens"] == 0
         assert not engine.repo.stale(path)
+
+
+@pytest.mark.parametrize("which", ["tiny_model", "tiny_model_swa"])
+def test_t0_comes_back_from_disk_after_a_restart(which, request, repo, tmp_path):
+    """The first request of a file never seen restores T0's KV (a sliding-window model's too: its saved
+    state ends one token short, the request prefills that one)."""
+    model = request.getfixturevalue(which)
+    cfg = small_config(n_ctx_seq=2048, repo_context=True, min_state_tokens=16)
+    sc = store_config(replace(cfg, state_dir=str(tmp_path / "kv")))
+    app, geo = repo / "app.py", repo / "pkg" / "geometry.py"
+    with Engine(cfg, model, store=sc) as e:
+        ask(e, app, APP, APP.index("    return total"))
+        settle(e, app)
+        t0 = e.repo.leads[str(app)].t0
+    with Engine(cfg, model, store=sc) as e:
+        out = ask(e, geo, GEOMETRY, GEOMETRY.index("def midpoint"))
+        rep = out.context["repo"]
+        assert out.reanchor == "new_session" and rep["t0_tokens"] == t0 and rep["t1_tokens"] == 0
+        assert out.cache_tier == "disk" and out.tokens.cached >= len(e.planner.markers.bos) + t0 - e.swa
