@@ -31,18 +31,20 @@ ap.add_argument("--files", type=int, default=12)
 ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--max-prompt-ms", type=float, default=300.0)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--model", default="gemma", help="'gemma' (text FIM markers) or a GGUF with FIM tokens")
+ap.add_argument("--min-bytes", type=int, default=3000)
 args = ap.parse_args()
 
 root = args.root.resolve()
 if not (root / ".git").exists():
     subprocess.run(["git", "init", "-q", str(root)], check=True)
-files = sorted(p for p in root.rglob("*.py") if ".git" not in p.parts and 3000 < p.stat().st_size < 60000)
+files = sorted(p for p in root.rglob("*.py") if ".git" not in p.parts and args.min_bytes < p.stat().st_size < 60000)
 rng = random.Random(args.seed)
 files = rng.sample(files, min(args.files, len(files)))
-model = bu.gemma_path()
+model = bu.gemma_path() if args.model == "gemma" else Path(args.model)
 ctx = ContextParams(n_ctx_seq=4096, n_slots=4, n_threads=args.threads, n_threads_batch=args.threads)
-base = dict(model=str(model), fim_template=bu.GEMMA_TEMPLATE, max_prompt_ms=args.max_prompt_ms, max_tokens=16,
-            context=ctx)
+base = dict(model=str(model), max_prompt_ms=args.max_prompt_ms, max_tokens=16, context=ctx,
+            **({"fim_template": bu.GEMMA_TEMPLATE} if args.model == "gemma" else {}))
 engines = {"file": Engine(Config(**base), model), "repo": Engine(Config(**base, repo_context=True), model)}
 rows = {name: [] for name in engines}
 
