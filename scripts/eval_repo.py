@@ -156,7 +156,9 @@ for repo in args.repos:
             picked.setdefault(c, {"cross": False, "all": False})[set_name] = True
     print(f"{short} {sha[:12]}: {len(index.files)} files, {len(every)} lines, {len(cross)} cross-file lines")
     cursors += [(c, flags) for c, flags in picked.items()]
-cursors.sort(key=lambda cf: cf[0][:3])
+# Files in a pseudo-random order (lines in order within a file: its prompts share their KV), so that a
+# partial run is a sample of every repository, not the first ones.
+cursors.sort(key=lambda cf: (zlib.crc32(f"{cf[0][0]}/{cf[0][1]}".encode()), cf[0][2]))
 cursors = [cf for cf in cursors if zlib.crc32(f"{cf[0][0]}/{cf[0][1]}".encode()) % n_shard == k_shard]
 out_dir.mkdir(parents=True, exist_ok=True)
 out_file = out_dir / f"shard-{k_shard}-of-{n_shard}.jsonl"

@@ -67,6 +67,66 @@ def __getattr__(name):  # ``SOURCES`` is computed on first use, so unit tests ne
     raise AttributeError(name)
 
 
+# -- a small project in git (repository context) -------------------------------------------
+REPO_GEOMETRY = '''"""Points and distances."""
+
+
+class Point:
+    """A point in the plane."""
+
+    def __init__(self, x: float, y: float):
+        self.x = x
+        self.y = y
+
+    def norm(self) -> float:
+        return (self.x ** 2 + self.y ** 2) ** 0.5
+
+    def scaled(self, k: float) -> "Point":
+        return Point(self.x * k, self.y * k)
+
+
+def distance(a: Point, b: Point) -> float:
+    """Euclidean distance between two points."""
+    return Point(a.x - b.x, a.y - b.y).norm()
+
+
+def midpoint(a: Point, b: Point) -> Point:
+    return Point((a.x + b.x) / 2, (a.y + b.y) / 2)
+'''
+REPO_UTIL = '''def clamp(value: float, low: float, high: float) -> float:
+    """``value`` within [low, high]."""
+    return max(low, min(high, value))
+
+
+def lerp(a: float, b: float, t: float) -> float:
+    return a + (b - a) * t
+'''
+REPO_APP = '''from pkg.geometry import Point, distance
+
+
+def main() -> float:
+    p = Point(1, 2)
+    q = Point(3, 4)
+    total = distance(p, q)
+    return total
+'''
+
+
+def make_repo(root: Path) -> Path:
+    """A small git work tree (repository context, issue 25): a package whose modules import each other, and an ignored file."""
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "geometry.py").write_text(REPO_GEOMETRY)
+    (root / "pkg" / "util.py").write_text(REPO_UTIL)
+    (root / "app.py").write_text(REPO_APP)
+    (root / "secret_gen.py").write_text("def leaked_secret_function(token):\n    return token\n")
+    (root / ".gitignore").write_text("secret_gen.py\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
+    return root
+
+
+
 # -- editing a document like a user -----------------------------------------------------------
 PAIRS = {"(": ")", "[": "]", "{": "}", '"': '"'}  # what an editor's auto-pairs insert
 EDIT = st.one_of(

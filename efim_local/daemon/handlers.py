@@ -64,6 +64,8 @@ class Handlers:
         if self.server.watcher and root:
             self.server.watcher.watch(root)
         self.warm_later(f.path)
+        if self.engine.repo is not None:
+            self.worker.repo_later(f.path)
         return {"path": f.path, "version": f.version}
 
     def did_change(self, conn, msg):
@@ -141,6 +143,9 @@ class Handlers:
         """A file changed on disk: forget its plan and prefill it in idle time."""
         self.worker.post(lambda e: e.forget(path))
         self.warm_later(path)
+        if self.engine.repo is not None:  # definitions or imports elsewhere: the project's open files' context
+            for other in self.engine.repo.saved(path):
+                self.worker.repo_later(other)
 
     def warm_later(self, path: str, at: int | None = None) -> None:
         """Prefill ``path`` (its open text, else the file) at offset ``at`` (default: its last

@@ -72,8 +72,15 @@ class _Handler(FileSystemEventHandler):
         self.callback, self.root = callback, root
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.is_directory or event.event_type not in ("modified", "created", "moved", "closed"):
+        if event.is_directory or event.event_type not in ("modified", "created", "moved", "closed", "deleted"):
             return
+        if event.event_type in ("moved", "deleted"):  # the old path is gone (repository context forgets it)
+            old = os.fsdecode(event.src_path)
+            if not any(part in IGNORED_DIRS for part in Path(old).parts) and os.path.commonpath(
+                    [os.path.realpath(os.path.dirname(old)), self.root]) == self.root:
+                self.callback(old)
+            if event.event_type == "deleted":
+                return
         path = getattr(event, "dest_path", "") or event.src_path
         path = os.fsdecode(path)
         if interesting(path, self.root):

@@ -136,12 +136,29 @@ class Worker:
             if err is None and greedy(job.request.how):
                 self._ahead_later(job.request.path)
             self._grow_later(job.request.path)
+            self._repo_check(job.request.path)
 
     def _ahead_later(self, path: str) -> None:
         """While the answer is shown, extend its greedy continuation (the next completion after an
         accept): first among the file's background work."""
         self.add_idle(lambda engine, should_stop: ahead_steps(engine, path, should_stop), key=("ahead", path),
                       path=path, first=True)
+
+    def _repo_check(self, path: str | None) -> None:
+        """After a request: rebuild the file's repository context if its imports or the project changed."""
+        try:
+            if self.engine.repo is not None and self.engine.repo.stale(path):
+                self.repo_later(path)
+        except Exception:  # noqa: BLE001 - optional work never fails the engine thread
+            log.exception("repository context check failed")
+
+    def repo_later(self, path: str) -> None:
+        """(Re)compute the repository context of ``path`` and switch its plan to it, while idle
+        (engine/repoctx.py): the old plan serves until the new one is prefilled."""
+        from ..engine.repoctx import rebuild_steps
+
+        self.add_idle(lambda engine, should_stop: rebuild_steps(engine, path, should_stop), key=("repo", path),
+                      path=path)
 
     def _grow_later(self, path: str | None) -> None:
         """If the budget cut the context of ``path``'s plan, grow it back while idle. Answered or not:

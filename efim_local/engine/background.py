@@ -136,10 +136,11 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
         return
     session = engine.files.get(path).session
     partial = session.anchor
-    full = engine.planner.full_anchor(partial, engine.config.max_tokens)
-    tokens = engine.planner.stable_tokens(session.layout, full, session.typed)
+    planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
+    full = planner.full_anchor(partial, engine.config.max_tokens)
+    tokens = planner.stable_tokens(session.layout, full, session.typed)
     ro = RunOptions(path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True, light=light)
-    for stage in stages(engine, session, full, tokens):
+    for stage in stages(engine, planner, session, full, tokens):
         out = yield from run_steps(engine, stage, Options(max_tokens=0), ro)
         engine.slots.slots[out.slot].idle = False  # a keystroke takes it: growth goes on in a copy
     yield from run_steps(engine, tokens, Options(max_tokens=0), ro)
@@ -153,15 +154,14 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
 STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
 
 
-def stages(engine, session, full, tokens) -> list[tuple[int, ...]]:
+def stages(engine, planner, session, full, tokens) -> list[tuple[int, ...]]:
     """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
     context grown so far at the cost of the tokens typed since (``run.adopt_growth``): the full plan
     cut at each of ``run.stage_ends``, then the middle marker and the typed text. The last stage
     growth has passed comes first when it lacks more than ``STALE`` tokens of the text typed since
     (which a keystroke taking it would pay for), then those ahead; stages a slot holds are left out."""
-    if session.layout != "efim":
+    if session.layout != "efim" or engine.remote is not None:  # (replicas: the whole plan at once)
         return []
-    planner = engine.planner
     typed = tokens[len(planner.stable_tokens("efim", full)):]
     frontier = engine.reuse.peek(np.asarray(tokens, dtype=np.int32))
     ends = list(stage_ends(planner, full))

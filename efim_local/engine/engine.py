@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import Config
@@ -57,6 +58,7 @@ class Engine:
     reverse order of creation."""
 
     remote = None  # a backend.Pool: replicas run its requests first (engine/remote.py)
+    repo = None  # repoctx.RepoLeads: repository context before the files' prefixes (config repo_context)
 
     def __init__(self, config: Config, model_path: str | Path, store: StoreConfig | None = None):
         self.config = config
@@ -104,6 +106,11 @@ class Engine:
             self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
             self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers, config.heal)
             self._learn_speed(store, model_path)
+            if config.repo_context:
+                from .repoctx import RepoLeads
+
+                self.repo = RepoLeads(self, Path(store.dir) / "repo" if store is not None else None)
+                stack.callback(self.repo.close)
             cp = config.context
             # Automatic threads; not with flash attention, whose single-token split over the KV follows
             # the thread count (the answer must not depend on the machine's load).
@@ -154,10 +161,29 @@ class Engine:
 
     def plan(self, req: CompletionRequest) -> Plan:
         """The token plan for a request (and the file's new anchor, if it moved)."""
-        plan = self.planner.plan(self.session(req.path), req.text, req.cursor, req.how.layout,
-                                 reserve=self.max_tokens(req.how))
+        session = self.session(req.path)
+        if self.repo is not None and session.anchor is None:
+            try:
+                self.repo.adopt(session, req.path)
+            except Exception:  # noqa: BLE001 - optional context never fails a request: file-only
+                log.exception("repository context not adopted")
+        plan = self.planner_for(session).plan(session, req.text, req.cursor, req.how.layout,
+                                              reserve=self.max_tokens(req.how))
+        if session.note is not None:  # the first plan on an anchor that background work switched to
+            plan, session.note = replace(plan, reanchor=plan.reanchor or session.note), None
         self.files.note_request(req.path, req.text, req.cursor)
         return plan
+
+    def planner_for(self, session: FileSession) -> Planner:
+        """The planner of a file's plans: with its repository context (``session.lead``) after BOS."""
+        return self.planner_with(session.lead)
+
+    def planner_with(self, lead: tuple[int, ...]) -> Planner:
+        """The planner whose plans put ``lead`` after BOS (the lead is never trimmed: it is a marker)."""
+        if not lead:
+            return self.planner
+        m = self.planner.markers
+        return replace(self.planner, markers=replace(m, bos=(*m.bos, *lead)))
 
     def max_tokens(self, how: Options) -> int:
         """The most tokens a request may generate."""

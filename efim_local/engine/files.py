@@ -92,6 +92,10 @@ class Files:
             if f is not None:
                 f.session = None
 
+    def open_paths(self) -> list[str]:
+        with self.lock:
+            return [p for p, f in self._files.items() if f.open]
+
     def n_open(self) -> int:
         with self.lock:
             return sum(f.open for f in self._files.values())

@@ -134,6 +134,8 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
         tokens = tokens[:cut] + tokens[cut + 1:]
     plan_ms = (time.perf_counter() - t0) * 1e3
     context = context_report(plan)
+    if engine.repo is not None:  # the repository context before the prefix: tokens per tier (repoctx.py)
+        context["repo"] = engine.repo.report(req.path)
     if plan.closers:
         context["closers"] = plan.closers
     prompt, shown = Prompt(tuple(tokens), heal, plan.closers), None
@@ -245,7 +247,8 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
     want = max(ADOPT_MIN, plan.full_context // ADOPT_GAIN)
     if plan.full_context - used < want:
         return None
-    planner, anchor = engine.planner, engine.session(req.path).anchor
+    session = engine.session(req.path)
+    planner, anchor = engine.planner_for(session), session.anchor
     # All that growth holds, else the last stage it left with the typed text after it (cheaper)
     for cap in (None, *reversed(stage_ends(planner, planner.full_anchor(anchor, engine.max_tokens(req.how))))):
         held = peek if cap is None else (lambda toks, cap=cap: min(peek(toks), cap))
@@ -306,6 +309,7 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
     # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line never
     # tokenizes the file again.
     same = plan.reanchor is not None and anchor.offset == line_start(req.text, req.cursor)
-    return engine.planner.plan(session, req.text, req.cursor, req.how.layout, reserve=engine.max_tokens(req.how),
+    planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
+    return planner.plan(session, req.text, req.cursor, req.how.layout, reserve=engine.max_tokens(req.how),
                                budget=Budget(cached=peek, new_for=lambda n_cached: speed.max_new(budget, n_cached)),
                                pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)

@@ -34,6 +34,7 @@ CONTEXT_OVERFLOW = "context_overflow"
 LAYOUT_CHANGED = "layout_changed"
 LATENCY_BUDGET = "latency_budget"  # the plan was reduced to fit the request's time budget
 GROWN = "grown"  # a reduced plan took the context growth computed since (same anchor, more context)
+REPO_CONTEXT = "repo_context"  # the repository context before the file changed (engine/repoctx.py)
 
 # What an editor's auto-pairs insert after the cursor. When the text after the cursor differs from
 # the anchor's suffix only by a few of these at its start, the anchor is kept: the closers stay
@@ -86,6 +87,8 @@ class FileSession:
     layout: str = "efim"
     reanchors: int = 0
     typed: tuple[int, ...] = ()  # the last plan's middle tokens (growth computes them too)
+    lead: tuple[int, ...] = ()  # repository context after BOS, in every plan of the file (engine/repoctx.py)
+    note: str | None = None  # a reason code the next plan reports if it keeps its anchor (repo_context)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,19 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
     return False
 
 
+def ignored(root: str | os.PathLike, rel: str) -> bool:
+    """Whether discovery leaves file ``rel`` out as ignored (a file created after discovery): git's
+    rules in a git work tree, else the root ``.gitignore``'s patterns."""
+    try:
+        r = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "--", rel], capture_output=True, timeout=2,
+                           check=False)
+        if r.returncode in (0, 1):
+            return r.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return _ignored(rel, _ignore_patterns(Path(root)))
+
+
 def walk_files(root: Path, limits: Limits, deadline: float) -> list[str]:
     """A sorted, bounded walk that never descends into symlinked directories or SKIP_DIRS."""
     patterns = _ignore_patterns(root)

@@ -73,3 +73,25 @@ def test_watched_roots_are_bounded_least_recently_named_first(tmp_path):
     w.watch(str(tmp_path / "r6"))
     names = {os.path.basename(r) for r in w.roots()}
     assert names == {tmp_path.name, "r3", "r5", "r6"}  # the --watch root is never dropped
+
+
+def test_a_renamed_or_deleted_file_reports_its_old_path_too(tmp_path):
+    """Repository context (issue 25) forgets a file that was renamed away or deleted."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "util.py").write_text("def clamp(x):\n    return x\n")
+    (root / "gone.py").write_text("x = 1\n")
+    seen: list[str] = []
+    w = Watcher(seen.append, [str(root)])
+    w.start()
+    try:
+        (root / "util.py").rename(root / "tools.py")
+        (root / "gone.py").unlink()
+        r = root.resolve()
+        want = {str(r / "util.py"), str(r / "tools.py"), str(r / "gone.py")}
+        deadline = time.monotonic() + 10
+        while not want <= {os.path.realpath(os.path.dirname(p)) + "/" + os.path.basename(p) for p in seen}:
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.02)
+    finally:
+        w.stop()

@@ -1,0 +1,369 @@
+"""Repository context in plans (issue 25): a stable lead before every plan of a file.
+
+A file's plans start with ``BOS + lead``: the repository's head and T0 (the project map, the same
+tokens for every file of the project), then T1 (what this file uses from other files), then the file's
+own header, in the model family's repository format (``prompt/repo_format.py``). The planner takes the
+lead as part of its BOS marker (``Engine.planner_for``), so it is never trimmed, its KV is reused like
+the file's prefix, and a keystroke never prefills it:
+
+- a new session of a file takes the lead known for it only when its KV is at hand (a live slot or a
+  saved state, e.g. after a restart); otherwise the file's plan is file-only until the rebuild;
+- the rebuild (``rebuild_steps``, idle work) computes the tiers on a helper thread (discovery and
+  parsing are bounded but may take a second), prefills the T0 head alone once (a state of its own,
+  saved content-addressed: a restart restores it), then the file's current plan with the new lead.
+  Only then does the session switch to the new lead and anchor; its next plan reports ``repo_context``;
+- T1 is recomputed when the file's import lines change or a save in the project changed definitions
+  (``stale``, a cheap test after each request), never on a keystroke.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import Cancelled, EfimError
+from ..prompt.planner import REPO_CONTEXT, FileSession
+from ..prompt.repo_format import current_file, file_pieces, repo_format, repo_head, tokenize_segments
+from ..repo import RepoContext, Tier, TierStore, make_tier
+from ..repo.discover import ignored
+from ..repo.parse import EXTENSIONS
+from ..request import Options
+from .run import RunOptions, run_steps
+
+log = logging.getLogger("efim.engine")
+
+MAX_PROJECTS = 4  # projects whose index is kept (each up to the discovery limits)
+MAX_LEADS = 256  # files whose computed lead is kept
+POLL = 0.005  # seconds between should_stop() polls while the helper thread works
+EMPTY_T1 = make_tier("t1", ())
+
+
+def imports_fingerprint(text: str) -> str:
+    """A hash of the lines that may import something (a cheap test after each request: T1 is only
+    recomputed when it changes; the parser decides what the lines mean). A line that opens a
+    bracket after ``import`` takes the lines up to the closing one (Python, Go, JS blocks)."""
+    h = hashlib.sha1()
+    block = None
+    for line in text.splitlines():
+        s = line.strip()
+        if block is not None:
+            h.update(s.encode("utf-8", "surrogatepass") + b"\n")
+            if block in s:
+                block = None
+            continue
+        if ("import" in s or "require(" in s or s.startswith(("from ", "package ", "#include", "use "))):
+            h.update(s.encode("utf-8", "surrogatepass") + b"\n")
+            if s.endswith(("(", "{")):
+                block = ")" if s.endswith("(") else "}"
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Lead:
+    """A file's lead tokens: ``t0`` of them the repository head and T0, ``t1`` T1, the rest its header."""
+
+    tokens: tuple[int, ...]
+    t0: int
+    t1: int
+    t0_digest: str
+    fp: str = ""  # the import fingerprint it was computed for ("": restored from disk)
+    gen: int = -1  # the project's generation it was computed in
+
+    def t0_only(self) -> tuple[int, ...]:
+        return self.tokens[:self.t0] + self.tokens[self.t0 + self.t1:]
+
+    def report(self, tokens: tuple[int, ...]) -> dict:
+        """Tokens per tier of ``tokens`` (this lead or its T0-only form)."""
+        t1 = self.t1 if len(tokens) == len(self.tokens) else 0
+        return {"t0_tokens": self.t0, "t1_tokens": t1, "file_tokens": len(tokens) - self.t0 - t1,
+                "tokens": len(tokens)}
+
+
+@dataclass
+class Project:
+    root: str
+    name: str
+    future: Future | None = None  # the RepoContext being built
+    gen: int = 0  # bumped when a save changed definitions or imports
+    t0_done: str = ""  # the T0 digest whose head was prefilled alone (its state saved)
+
+
+def git_root(directory: str) -> str | None:
+    """The nearest directory at or above ``directory`` that holds ``.git``."""
+    d = directory
+    while True:
+        if os.path.exists(os.path.join(d, ".git")):
+            return d
+        up = os.path.dirname(d)
+        if up == d:
+            return None
+        d = up
+
+
+class RepoLeads:
+    """The repository context of an engine's files: projects by git root, leads by file."""
+
+    def __init__(self, engine, tier_dir: Path | None):
+        self.engine = engine
+        self.fmt = repo_format(engine.template, engine.model)
+        self.tiers = TierStore(tier_dir) if tier_dir is not None else None
+        self.max_lead = engine.config.context.n_ctx_seq // 2
+        self.lock = threading.Lock()
+        self.projects: OrderedDict[str, Project] = OrderedDict()
+        self.leads: OrderedDict[str, Lead] = OrderedDict()  # the latest computed, by file
+        self.used: OrderedDict[str, tuple[tuple[int, ...], dict]] = OrderedDict()  # a session's lead, its report
+        self.roots: dict[str, str | None] = {}
+        self.pool = ThreadPoolExecutor(1, "efim-repo", initializer=_low_priority)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- projects -----------------------------------------------------------------------------
+    def project_for(self, path: str | None) -> Project | None:
+        """The project (git root) ``path`` is in; None for a relative path or one outside a git tree."""
+        if not path or not os.path.isabs(path):
+            return None
+        d = os.path.dirname(path)
+        with self.lock:
+            if d not in self.roots:
+                if len(self.roots) > 4096:
+                    self.roots.clear()
+                self.roots[d] = git_root(d)
+            root = self.roots[d]
+            if root is None:
+                return None
+            p = self.projects.get(root)
+            if p is None:
+                p = self.projects[root] = Project(root, Path(root).resolve().name)
+                while len(self.projects) > MAX_PROJECTS:
+                    self.projects.popitem(last=False)
+            self.projects.move_to_end(root)
+            return p
+
+    def built(self, project: Project) -> Future:
+        """The project's RepoContext (discovered and parsed on the helper thread, once)."""
+        with self.lock:
+            if project.future is None:
+                project.future = self.pool.submit(RepoContext, project.root)
+            return project.future
+
+    def rel(self, project: Project, path: str) -> str | None:
+        try:
+            return Path(os.path.realpath(path)).relative_to(os.path.realpath(project.root)).as_posix()
+        except ValueError:
+            return None
+
+    # -- leads --------------------------------------------------------------------------------
+    def render(self, project: Project, t0: Tier, t1: Tier, rel: str, fp: str = "", gen: int = -1) -> Lead:
+        """The lead of file ``rel`` from its tiers (each tier tokenized on its own: T0's tokens are
+        the same for every file). T1, then T0, is left out when the lead would take more than half
+        the slot."""
+        vocab = self.engine.model
+        head = tokenize_segments(repo_head(self.fmt, project.name) + file_pieces(self.fmt, t0.pieces), vocab)
+        mid = tokenize_segments(file_pieces(self.fmt, t1.pieces), vocab)
+        tail = tokenize_segments(current_file(self.fmt, rel), vocab)
+        if len(head) + len(mid) + len(tail) > self.max_lead:
+            mid = []
+        if len(head) + len(tail) > self.max_lead:
+            head = tokenize_segments(repo_head(self.fmt, project.name), vocab)
+        return Lead(tuple(head + mid + tail), len(head), len(mid), t0.digest, fp, gen)
+
+    def known(self, project: Project, path: str) -> Lead | None:
+        """The lead last computed for ``path``, else the one its saved tiers give (after a restart)."""
+        with self.lock:
+            lead = self.leads.get(path)
+        if lead is not None or self.tiers is None:
+            return lead
+        rel = self.rel(project, path)
+        t0 = self.tiers.latest(project.root)
+        if t0 is None or rel is None:
+            return None
+        return self.render(project, t0, self.tiers.latest(f"{project.root}\0{rel}") or EMPTY_T1, rel)
+
+    def cached(self, tokens: tuple[int, ...]) -> int:
+        """How many of ``tokens`` a live slot or a saved state holds."""
+        arr = np.asarray(tokens, dtype=np.int32)
+        n = self.engine.reuse.peek(arr)
+        store = self.engine.store
+        if n < len(tokens) and store is not None:
+            m = store.lookup(arr).match
+            n = max(n, m.n if m is not None else 0)
+        return n
+
+    def adopt(self, session: FileSession, path: str) -> None:
+        """A new session of ``path`` takes its known lead, or the T0 part of it, if its KV is at hand
+        (a live slot or a saved state); else it plans file-only until the rebuild."""
+        project = self.project_for(path)
+        lead = self.known(project, path) if project is not None else None
+        if lead is None:
+            return
+        bos = self.engine.planner.markers.bos
+        # A sliding-window model's saved state ends a token short of its prompt (its checkpoint).
+        slack = 1 if self.engine.swa else 0
+        for tokens, tiers in ((lead.tokens, lead.t0 + lead.t1), (lead.t0_only(), lead.t0)):
+            if self.cached((*bos, *tokens[:tiers])) >= len(bos) + tiers - slack:
+                self.use(session, path, lead, tokens)
+                return
+
+    def use(self, session: FileSession, path: str, lead: Lead, tokens: tuple[int, ...]) -> None:
+        """``session`` plans with ``tokens`` (``lead`` or its T0-only form) from now on."""
+        session.lead = tokens
+        with self.lock:
+            self.used[path] = (tokens, lead.report(tokens))
+            self.used.move_to_end(path)
+            self._trim()
+
+    def _trim(self) -> None:
+        for d in (self.leads, self.used):
+            while len(d) > MAX_LEADS:
+                d.popitem(last=False)
+
+    def report(self, path: str | None) -> dict:
+        """The repository context of ``path``'s current plans: tokens per tier."""
+        f = self.engine.files.get(path) if path else None
+        lead_tokens = f.session.lead if f is not None and f.session is not None else ()
+        with self.lock:
+            used = self.used.get(path)
+        if used is not None and used[0] == lead_tokens and lead_tokens:
+            return dict(used[1])
+        return {"t0_tokens": 0, "t1_tokens": 0, "file_tokens": 0, "tokens": len(lead_tokens)}
+
+    def stale(self, path: str | None) -> bool:
+        """Whether ``path``'s lead must be (re)computed or switched to: none yet, its import lines
+        changed, a save changed the project, or its session does not use it yet."""
+        project = self.project_for(path)
+        f = self.engine.files.get(path) if project is not None else None
+        if f is None or f.text is None:
+            return False
+        with self.lock:
+            lead = self.leads.get(path)
+        if lead is None or lead.gen != project.gen or lead.fp != imports_fingerprint(f.text):
+            return True
+        return f.session is not None and f.session.lead != lead.tokens and len(lead.tokens) > 0
+
+    def saved(self, path: str) -> list[str]:
+        """A file changed on disk (saved, created, renamed, deleted): update its project's index if
+        it is built. Returns the open documents of the project whose lead may change (rebuild them)."""
+        project = self.project_for(path)
+        if project is None or project.future is None or not project.future.done():
+            return []
+        try:
+            ctx = project.future.result()
+        except Exception:  # noqa: BLE001 - the build failed: nothing to update
+            return []
+        rel = self.rel(project, path)
+        if rel is None or not rel.lower().endswith(tuple(EXTENSIONS)):
+            return []
+        data = _read(path, ctx.index.limits.max_file_bytes)
+        if data is not None and rel not in ctx.index.files and ignored(project.root, rel):
+            return []
+        if not ctx.saved(rel, data):
+            return []
+        with self.lock:
+            project.gen += 1
+        return [p for p in self.engine.files.open_paths() if p != path and self.project_for(p) is project]
+
+    def remember(self, path: str, lead: Lead, project: Project, t0: Tier, t1: Tier, rel: str) -> None:
+        with self.lock:
+            self.leads[path] = lead
+            self.leads.move_to_end(path)
+            self._trim()
+        if self.tiers is not None:
+            try:
+                self.tiers.put(t0, project.root)
+                self.tiers.put(t1, f"{project.root}\0{rel}")
+            except OSError as e:
+                log.debug("repository tiers not saved: %s", e)
+
+
+def _low_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
+
+
+def _read(path: str, limit: int) -> bytes | None:
+    """A regular file's first ``limit`` bytes; None when it is gone or not a regular file."""
+    from ..prompt.document import open_regular
+
+    try:
+        fd, _ = open_regular(path, follow=False)
+    except (EfimError, OSError):
+        return None
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def wait(fut: Future, should_stop):
+    """Steps until ``fut`` is done (Cancelled when ``should_stop`` says so: the work goes on, and a
+    later run finds it done)."""
+    while not fut.done():
+        if should_stop is not None and should_stop():
+            raise Cancelled()
+        time.sleep(POLL)
+        yield "wait"
+    return fut.result()
+
+
+def rebuild_steps(engine, path: str, should_stop=None):
+    """(Re)compute ``path``'s lead and, if its session uses another, prefill its current plan with
+    the new one and switch to it (idle steps; see the module's docstring)."""
+    repo: RepoLeads = engine.repo
+    project = repo.project_for(path)
+    if project is None or engine.remote is not None or not repo.stale(path):
+        return  # (replicas hold no local KV to keep a lead in)
+    try:
+        ctx = yield from wait(repo.built(project), should_stop)
+    except Cancelled:
+        raise
+    except Exception as e:  # noqa: BLE001 - an unreadable project: file-only plans
+        log.debug("%s: no repository context: %s", project.root, e)
+        return
+    f = engine.files.get(path)
+    rel = repo.rel(project, path)
+    if f is None or f.text is None or rel is None:
+        return
+    text, gen = f.text, project.gen
+    t0, t1 = yield from wait(repo.pool.submit(lambda: (ctx.t0(), ctx.t1(rel, text))), should_stop)
+    lead = repo.render(project, t0, t1, rel, imports_fingerprint(text), gen)
+    repo.remember(path, lead, project, t0, t1, rel)
+    session = f.session
+    if session is None or session.lead == lead.tokens or session.anchor is None:
+        return  # (a new session adopts it when its KV is at hand)
+    bos = engine.planner.markers.bos
+    head = (*bos, *lead.tokens[:lead.t0])
+    if project.t0_done != lead.t0_digest:  # the T0 head alone: its own saved state, shared by every file
+        if engine.reuse.peek(np.asarray(head, dtype=np.int32)) < len(head):
+            yield from run_steps(engine, head, Options(max_tokens=0), RunOptions(
+                path=f"repo-t0:{project.root}", should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
+        project.t0_done = lead.t0_digest
+    old = session.anchor
+    planner = engine.planner_with(lead.tokens)
+    try:
+        new = planner.full_anchor(old, engine.config.max_tokens)
+    except EfimError as e:  # the slot is too small for this lead
+        log.debug("%s: repository context left out: %s", path, e)
+        return
+    tokens = planner.stable_tokens(session.layout, new, session.typed)
+    yield from run_steps(engine, tokens, Options(max_tokens=0), RunOptions(
+        path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
+    if engine.files.get(path) is not f or f.session is not session or session.anchor is not old:
+        raise Cancelled()  # re-anchored meanwhile: again when idle (what was prefilled stays in its slot)
+    repo.use(session, path, lead, lead.tokens)
+    session.anchor, session.note = new, REPO_CONTEXT
+    engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
+    log.debug("%s: repository context switched (%s)", path, lead.report(lead.tokens))
