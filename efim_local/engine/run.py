@@ -305,11 +305,11 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
     session = engine.session(req.path)
     anchor = session.anchor
     log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,
-                     len(plan.tokens))
+              len(plan.tokens))
     # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line never
     # tokenizes the file again.
     same = plan.reanchor is not None and anchor.offset == line_start(req.text, req.cursor)
     planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
     return planner.plan(session, req.text, req.cursor, req.how.layout, reserve=engine.max_tokens(req.how),
-                               budget=Budget(cached=peek, new_for=lambda n_cached: speed.max_new(budget, n_cached)),
-                               pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)
+                        budget=Budget(cached=peek, new_for=lambda n_cached: speed.max_new(budget, n_cached)),
+                        pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)
