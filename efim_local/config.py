@@ -155,8 +155,9 @@ class Config:
     # Answers kept by content (model, plan, options), shared by every client of a daemon; 0: off.
     answer_cache: int = 256
     # Greedy answers verify drafted tokens (the suffix, n-grams of the file and of earlier answers) in
-    # batches: same tokens, faster (engine/drafts.py). False: one token per decode.
-    drafts: bool = True
+    # batches (engine/drafts.py). Off by default: llama.cpp's CPU logits depend on the batch, so on
+    # some models (gemma3-270m) a near-tie can flip and the answer differ from one-token decoding.
+    drafts: bool = False
     context: ContextParams = field(default_factory=ContextParams)
     n_gpu_layers: int = 0
     main_gpu: int = 0

@@ -15,7 +15,7 @@ CFG = dict(n_ctx_seq=1024, max_tokens=40)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    with Engine(small_config(**CFG), tiny_model) as e:
+    with Engine(small_config(drafts=True, **CFG), tiny_model) as e:
         yield e
 
 
@@ -141,7 +141,7 @@ def test_sliding_window_models_cut_rejected_drafts_too(tiny_model_swa, i, at, ri
     doc, cur = doc_at(i, at)
     with Engine(small_config(drafts=False, **CFG), tiny_model_swa) as plain_swa:
         want = plain_swa.complete(CompletionRequest(doc, cur, path="s.py"))
-    with Engine(small_config(**CFG), tiny_model_swa) as e:
+    with Engine(small_config(drafts=True, **CFG), tiny_model_swa) as e:
         script = Scripted(want.token_ids + [0] * 16, right, wrong, e.model.n_vocab)
         e.decoder.drafter = lambda *a: script
         got = e.complete(CompletionRequest(doc, cur, path="s.py"))
