@@ -34,7 +34,7 @@ VOLATILE = {"timings", "pid", "uptime_s", "threads", "threads_batch", "cores_fre
             "idle_tasks"}  # machine or timing
 # In the daemon, which slot serves a request, the slots' contents and tier usage also depend on
 # when idle work (prefill, calibration, saving) ran.
-VOLATILE_DAEMON = VOLATILE | {"slot", "slots", "store", "requests", "python_threads"}
+VOLATILE_DAEMON = VOLATILE | {"slot", "slots", "store", "requests", "python_threads", "engine_time_s"}
 
 
 # -- parsing the docs ------------------------------------------------------------------------
