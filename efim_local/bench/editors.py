@@ -193,3 +193,17 @@ class InfillEditor:
 
     def close(self) -> None:
         pass
+
+
+def spawn_efim(cfg):
+    """A daemon for a paced replay (``paced.PacedConfig``; its budget the config's unless ``cfg``
+    sets one), and an editor on it: (process, editor)."""
+    from . import util as bu
+
+    conf = {"max_tokens": cfg.max_tokens}
+    if cfg.max_prompt_ms is not None:  # None: the config's default budget
+        conf["max_prompt_ms"] = cfg.max_prompt_ms
+    proc, sock = bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx),
+                                 "--threads", str(cfg.threads), config=conf)
+    time.sleep(2.0)  # the daemon measures its prefill speed when idle after start
+    return proc, EfimEditor(sock, cfg.max_tokens)

@@ -36,7 +36,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import util as bu
-from .editors import EfimEditor, Fired, InfillEditor, Outcome, Step
+from .editors import Fired, InfillEditor, Outcome, Step, spawn_efim
 from .trace import Commit
 
 PAIRS = {"(": ")", "[": "]", "{": "}", '"': '"', "'": "'"}
@@ -235,13 +235,7 @@ def run(cfg: PacedConfig) -> dict:
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if cfg.busy else None
     rows, notes, threads, engine_time = {}, [], {}, {}
     try:
-        conf = {"max_tokens": cfg.max_tokens}
-        if cfg.max_prompt_ms is not None:  # None: the config's default budget
-            conf["max_prompt_ms"] = cfg.max_prompt_ms
-        proc, sock = bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx),
-                                     "--threads", str(cfg.threads), config=conf)
-        time.sleep(2.0)  # the daemon measures its prefill speed when idle after start
-        ed = EfimEditor(sock, cfg.max_tokens)
+        proc, ed = spawn_efim(cfg)
         try:
             rows["efim"] = replay(ed, st, fired)
             st_ = ed.ctl.call("status")  # the threads it ended with, and why

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from . import util as bu
-from .editors import EfimEditor, Fired, Outcome, Step, _position
+from .editors import EfimEditor, Fired, Outcome, Step, _position, spawn_efim
 
 WORD = re.compile(r"\s*\w+|\s*\W")  # the first word, or the first other character, after spaces
 
@@ -190,13 +190,7 @@ def _sleep_until(t: float) -> None:
 def run_user(cfg, trace_steps: list[Step], patient_s: float = 0.0) -> dict:
     """The simulated user's replay of ``trace_steps`` against a fresh daemon (paced.PacedConfig);
     ``patient_s``: see :func:`user_replay`."""
-    conf = {"max_tokens": cfg.max_tokens}
-    if cfg.max_prompt_ms is not None:
-        conf["max_prompt_ms"] = cfg.max_prompt_ms
-    proc, sock = bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx),
-                                 "--threads", str(cfg.threads), config=conf)
-    time.sleep(2.0)  # the daemon measures its prefill speed when idle after start
-    ed = EfimEditor(sock, cfg.max_tokens)
+    proc, ed = spawn_efim(cfg)
     try:
         res = user_replay(ed, trace_steps, cfg.pacing.debounce_s, cfg.max_requests, patient_s)
         res["engine_time_s"] = ed.ctl.call("status").get("engine_time_s", {})

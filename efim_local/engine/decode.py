@@ -210,9 +210,9 @@ class Decoder:
         cap = drafts.MAX_DRAFT if free >= cores else max(2, drafts.MAX_DRAFT // 2)
         return drafts.Drafter(prompt, suffix, self.draft_stats.history, cap, self.draft_stats)
 
-    def logits_after(self, slot: Slot, prompt: np.ndarray, ids: list[int]) -> int:
-        """Decode what the slot lacks of ``prompt`` + ``ids`` (at least its last token, whose logits
-        are wanted: KV held beyond is cut); returns the logits' row in the batch."""
+    def held(self, slot: Slot, prompt: np.ndarray, ids: list[int]) -> tuple[np.ndarray, int]:
+        """``prompt`` + ``ids``, and how many of them the slot holds, at most all but the last (KV
+        held beyond is cut: the last token's logits are wanted)."""
         n = len(prompt) + len(ids)
         have = min(len(slot.tokens), n - 1)
         if have < len(slot.tokens):
@@ -220,7 +220,13 @@ class Decoder:
                 self.ctx.seq_rm(slot.seq, 0, -1)
                 have = 0
             slot.tokens = slot.tokens[:have]
-        seq = np.concatenate([prompt, np.asarray(ids, dtype=np.int32)]) if ids else prompt
+        return (np.concatenate([prompt, np.asarray(ids, dtype=np.int32)]) if ids else prompt), have
+
+    def logits_after(self, slot: Slot, prompt: np.ndarray, ids: list[int]) -> int:
+        """Decode what the slot lacks of ``prompt`` + ``ids`` (at least its last token, whose logits
+        are wanted: KV held beyond is cut); returns the logits' row in the batch."""
+        seq, have = self.held(slot, prompt, ids)
+        n = len(seq)
         while have < n:
             part = seq[have:have + self.batch.capacity]
             self.batch.clear()

@@ -172,14 +172,8 @@ def verify(dec, slot, prompt: np.ndarray, ids: list[int], draft: list[int]) -> l
     """Decode what the slot lacks of ``prompt`` + ``ids`` and ``draft`` in one batch; the greedy
     tokens that follow ``ids``: the drafts taken, then the first token that differs from its draft
     (or follows them all). The KV keeps ``prompt`` + ``ids`` + the drafts taken."""
-    n = len(prompt) + len(ids)
-    have = min(len(slot.tokens), n - 1)
-    if have < len(slot.tokens):
-        if not dec.ctx.seq_rm(slot.seq, have, -1):
-            dec.ctx.seq_rm(slot.seq, 0, -1)
-            have = 0
-        slot.tokens = slot.tokens[:have]
-    seq = np.concatenate([prompt, np.asarray(ids, dtype=np.int32)])
+    seq, have = dec.held(slot, prompt, ids)
+    n = len(seq)
     cap = dec.batch.capacity
     if n - have + len(draft) > cap:  # a long catch-up (the KV was lost): the plain way
         draft = draft[:max(0, cap - (n - have))]
