@@ -17,6 +17,11 @@ threads take a share of every core, so a core-bound process beside two decoding 
 cores gets only about 2/3 of a core. The scheduler's per-thread run-queue wait
 (``/proc/self/task/*/schedstat``) says how much this process was squeezed; the others were squeezed
 alike, so their use divided by the share of runnable time that actually ran is their demand.
+
+The costs are not symmetric: a thread too many beside a busy process stalls every layer (9x slower
+on 2 cores), a thread too few costs at most that core's share. So the count falls on one window
+and rises only when ``RISE`` windows in a row agree: one noisy short window (a few jiffies) never
+puts a second thread beside a spinning process.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from dataclasses import dataclass
 TAKEN = 0.75
 # Below this much of our own run time in a window (seconds per second), our wait ratio is noise.
 MIN_RAN = 0.05
+# Windows in a row that must show more free cores before the count rises.
+RISE = 2
 
 
 @dataclass
@@ -112,6 +119,7 @@ class FreeCores:
         self.free = self.cores
         self._last = _snap(self.cpus)
         self._first = True  # no window measured yet
+        self._rising: list[int] = []  # the last windows' counts, while each showed more than ``free``
 
     def sample(self) -> int:
         """Free cores now (at least 1): the last window's, re-measured if it is ``every`` s old."""
@@ -135,4 +143,7 @@ class FreeCores:
 
     def _set(self, others: float) -> None:
         self.others = others
-        self.free = max(1, min(self.cores, self.cores - int(others + 1 - TAKEN)))
+        free = max(1, min(self.cores, self.cores - int(others + 1 - TAKEN)))
+        self._rising = self._rising + [free] if free > self.free else []
+        if free < self.free or len(self._rising) >= RISE:
+            self.free, self._rising = min(self._rising or [free]), []

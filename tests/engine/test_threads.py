@@ -125,3 +125,19 @@ def test_flash_attention_keeps_its_threads(tiny_model):
     stays what the configuration gives, so an answer never depends on the machine's load."""
     with Engine(small_config(n_threads=0, n_threads_batch=0, flash_attn=True), tiny_model) as e:
         assert e.cores is None and not e.status()["threads_auto"]
+
+
+def test_threads_fall_at_once_and_rise_on_two_windows_in_a_row():
+    """One noisy window must not put a thread beside a busy process (9x slower); a real change does."""
+    cores = FreeCores(every=10)
+    cores.cores = 4
+    cores.free = 4
+    cores._set(2.0)
+    assert cores.free == 2  # at once
+    cores._set(0.0)
+    assert cores.free == 2  # one window: noise
+    cores._set(2.0)
+    cores._set(0.0)
+    assert cores.free == 2  # the streak was broken
+    cores._set(1.0)
+    assert cores.free == 3  # two in a row: the smaller of the two
