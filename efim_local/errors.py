@@ -96,6 +96,16 @@ class Cancelled(EfimError):
         super().__init__(message, data)
 
 
+class Interrupted(Cancelled):
+    """Background work stopped inside a batch because a request came: that batch's KV was dropped,
+    the batches before it stay in the slot."""
+
+    lost_s = 0.0  # seconds of work the stopped batch had done
+
+    def __init__(self, message: str = "interrupted by a request", data: Any = None):
+        super().__init__(message, data)
+
+
 # -- llama.cpp ---------------------------------------------------------------------------
 class BackendError(EfimError):
     """A llama.cpp call failed."""

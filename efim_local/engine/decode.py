@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import Cancelled, NoKvSlot
+from ..errors import Cancelled, Interrupted, NoKvSlot
 from ..llama import Batch, Context, Model, Sampler
 from ..prompt import healing
 from ..prompt.healing import Healer
@@ -41,6 +41,10 @@ class Decoder:
         self.stop_tokens = stop_tokens
         self.observe = observe
         self.fit = None  # called before every decode: automatic threads follow the load (engine/cpu.py)
+        self.interruptible = False  # background work's prompt batches: a request stops them mid-batch
+        self.predict_ms = None  # (n_new, n_ctx) -> ms or None: the learned speed (when a batch will end)
+        self.batch_span: tuple[float, float] | None = None  # (start, expected end) of the interruptible batch
+        self.stop_next = False  # a request came late in a batch: the next interruptible batch stops at once
         self._healer: Healer | None = None
         # Drafts (drafts.py): greedy generations verify drafted tokens in batches; the FIM markers
         # locate the suffix (its rejoin text ends an answer, drafted or not); free_cores() caps drafts.
@@ -84,7 +88,18 @@ class Decoder:
             if pos + len(part) == len(prompt):
                 self.batch.raw.logits[len(part) - 1] = True
             t = time.perf_counter()
-            self.decode(slot)
+            if self.interruptible:
+                if self.stop_next:
+                    self.ctx.interrupt()
+                ms = self.predict_ms(len(part), pos) if self.predict_ms is not None else None
+                self.batch_span = (t, t + ms / 1e3) if ms else None
+            try:
+                self.decode(slot, self.interruptible)  # interrupted: slot.tokens still says what it holds
+            except Interrupted as e:
+                e.lost_s = time.perf_counter() - t  # the work dropped with the batch
+                raise
+            finally:
+                self.batch_span = None
             if self.observe is not None:
                 self.observe(len(part), pos, (time.perf_counter() - t) * 1e3)
             pos += len(part)
@@ -95,13 +110,14 @@ class Decoder:
         """Whether ``tok`` ends a generation (end of generation, or the template's stop token)."""
         return self.model.is_eog(tok) or tok in self.stop_tokens
 
-    def decode(self, slot: Slot) -> None:
-        """Decode the batch; on a full KV cache evict other slots (LRU first) and retry."""
+    def decode(self, slot: Slot, interruptible: bool = False) -> None:
+        """Decode the batch; on a full KV cache evict other slots (LRU first) and retry.
+        ``interruptible`` (prompt batches of background work): a request stops it (Interrupted)."""
         if self.fit is not None:
             self.fit()
         while True:
             try:
-                return self.ctx.decode(self.batch)
+                return self.ctx.decode(self.batch, interruptible)
             except NoKvSlot:
                 victim = self.slots.lru(exclude={slot.seq})
                 if victim is None:

@@ -98,6 +98,7 @@ class Engine:
                     self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
             self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens,
                                    observe=lambda n, c, ms: self.speed.observe(n, c, ms))
+            self.decoder.predict_ms = lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None
             self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
@@ -210,6 +211,23 @@ class Engine:
         want = (self.config.context.n_threads or free, self.config.context.n_threads_batch or free)
         if want != (self.ctx.n_threads, self.ctx.n_threads_batch):
             self.ctx.set_threads(*want)
+
+    def interruptible(self, on: bool) -> None:
+        """While ``on`` (the scheduler runs background work), prompt batches stop at :meth:`interrupt`."""
+        self.decoder.interruptible = on
+        if on:
+            self.decoder.stop_next = False
+            self.ctx.clear_interrupt()
+
+    def interrupt(self) -> None:
+        """A request or a call came (any thread): an interruptible batch stops now, not at its end,
+        unless less than half of it is left (by the learned speed): then finishing it wastes less
+        than dropping it, and the request waits for that little."""
+        span = self.decoder.batch_span
+        if span is not None and span[1] - time.perf_counter() < (span[1] - span[0]) / 2:
+            self.decoder.stop_next = True  # but not the next batch
+            return
+        self.ctx.interrupt()
 
     # -- background work, run to its end (the daemon's scheduler runs it in steps) ---------------
     def grow(self, path: str, should_stop=None) -> None:

@@ -84,6 +84,12 @@ class RemoteEngine(Engine):
     def fit_threads(self) -> None:
         pass
 
+    def interruptible(self, on: bool) -> None:
+        pass
+
+    def interrupt(self) -> None:
+        pass
+
     def flush(self) -> None:
         pass
 

@@ -13,8 +13,10 @@ thread takes one step at a time and picks the next by priority:
    cursor); a background task is closed as soon as a request or a call comes, and queued again;
 5. after a quiet spell, saving dirty slots.
 
-Requests never wait for background work beyond one step (or one tokenizer poll); background work
-never calls into a request. The queues are thread-safe: connection threads submit, the engine
+Requests never wait for background work beyond one step (or one tokenizer poll): a background
+prompt batch stops between two graph nodes when a request or a call comes (``Engine.interrupt``; its
+KV is dropped, and the task goes on later from the batches before it). Background work never calls
+into a request. The queues are thread-safe: connection threads submit, the engine
 thread runs :meth:`Scheduler.run`.
 """
 
@@ -28,7 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import Busy, Cancelled
+from ..errors import Busy, Cancelled, Interrupted
 from ..request import CompletionRequest
 from .background import Alongside
 from .decode import PREFILL, SHOWN
@@ -106,7 +108,7 @@ class Scheduler:
             else:
                 full = False
                 self.waiting.append(task)
-                self.cond.notify()
+                self._wake()
         if full:
             raise Busy(f"busy: {self.queue_size} requests queued, retry later")
         return superseded
@@ -129,14 +131,14 @@ class Scheduler:
         fut: Future = Future()
         with self.cond:
             self.calls.append((fn, fut))
-            self.cond.notify()
+            self._wake()
         return fut.result(timeout)
 
     def post(self, fn: Callable) -> None:
         """Run ``fn(engine)`` on the engine thread, without waiting."""
         with self.cond:
             self.calls.append((fn, Future()))
-            self.cond.notify()
+            self._wake()
 
     def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
         """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
@@ -165,7 +167,13 @@ class Scheduler:
     def stop(self) -> None:
         with self.cond:
             self.stopping = True
-            self.cond.notify()
+            self._wake()
+
+    def _wake(self) -> None:
+        """(Holding the lock.) Foreground work came: the engine thread wakes, and a background
+        prompt batch in progress stops between two graph nodes instead of at its end."""
+        self.cond.notify()
+        self.engine.interrupt()
 
     def waits(self) -> bool:
         """Whether a request or a call waits (background work stops for it)."""
@@ -301,6 +309,9 @@ class Scheduler:
                 self.background.remove(first)
                 self.current = first
             task = self.current
+            if self.waits():
+                return  # foreground work came since the loop chose this
+            self.engine.interruptible(True)  # under the lock: a request queued from now on stops it
         try:
             if task.steps is None:
                 task.steps = task.fn(self.engine, self.waits)
@@ -309,12 +320,15 @@ class Scheduler:
             next(task.steps)
         except StopIteration:
             self._drop_current()
-        except Cancelled:  # a request came while it tokenized: go on later
+        except Cancelled as e:  # a request came inside a batch or while it tokenized: go on later
+            if isinstance(e, Interrupted):
+                self.spent["interrupted"] = self.spent.get("interrupted", 0.0) + e.lost_s
             self._requeue_current()
         except Exception:  # noqa: BLE001 - background work never takes the engine thread down
             log.exception("background work failed")
             self._drop_current()
         finally:
+            self.engine.interruptible(False)
             self._spend(f"idle_{task.key[0] if isinstance(task.key, tuple) else task.key}", t)
 
     def _close_background(self) -> None:

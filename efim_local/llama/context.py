@@ -9,11 +9,14 @@ import numpy as np
 from ._handle import Handle
 from ._lib import lib
 from .batch import Batch
-from .errors import BackendError, DecodeError, NoKvSlot
+from .errors import BackendError, DecodeError, Interrupted, NoKvSlot
 from .model import Model
 from ..config import KV_TYPES, ContextParams
 
-# ggml types accepted for the KV cache, by name.
+# ggml's CPU backend asks an abort callback between graph nodes, on a compute thread. A Python
+# callback would take the GIL hundreds of times a batch; libc's strlen reads a flag byte without it:
+# strlen(flag) is nonzero exactly when flag[0] is (the bool return is its low byte; flag[1] stays 0).
+_STRLEN = lib.ggml_abort_callback(ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value)
 
 
 class Context(Handle):
@@ -58,6 +61,10 @@ class Context(Handle):
         self.n_ctx_seq = lib.llama_n_ctx_seq(ptr)
         self.n_batch = lib.llama_n_batch(ptr)
         self.n_vocab = model.n_vocab
+        self._stop = (ctypes.c_uint8 * 2)()  # [1, 0]: an interruptible decode stops
+        self._never = (ctypes.c_uint8 * 2)()  # always [0, 0]: what other decodes read
+        self._armed = False
+        lib.llama_set_abort_callback(ptr, _STRLEN, ctypes.addressof(self._never))
 
     def _free(self) -> None:
         lib.llama_free(self.ptr)
@@ -69,10 +76,25 @@ class Context(Handle):
         self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
 
     # -- decoding -------------------------------------------------------
-    def decode(self, batch: Batch) -> None:
+    def interrupt(self) -> None:
+        """Stop the interruptible decode running now, or the next one (any thread: one byte)."""
+        self._stop[0] = 1
+
+    def clear_interrupt(self) -> None:
+        self._stop[0] = 0
+
+    def decode(self, batch: Batch, interruptible: bool = False) -> None:
+        """Decode ``batch``. ``interruptible``: :meth:`interrupt` stops it between two graph nodes
+        (Interrupted; llama.cpp drops the batch's KV, earlier batches stay)."""
+        if interruptible != self._armed:
+            lib.llama_set_abort_callback(self.ptr, _STRLEN,
+                                         ctypes.addressof(self._stop if interruptible else self._never))
+            self._armed = interruptible
         rc = lib.llama_decode(self.ptr, batch.raw)
         if rc == 1:
             raise NoKvSlot("no KV cache slot for the batch")
+        if rc == 2 and interruptible:
+            raise Interrupted()
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc}")
 

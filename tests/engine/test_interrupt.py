@@ -61,3 +61,31 @@ def test_engine_prefill_inside_interruptible_planning_stops_at_once(tmp_path, ti
         assert time.monotonic() - stop_at < 0.5
         assert engine.planner.tokenize == engine.model.tokenize  # restored
         interrupt.drain()  # before the model is freed
+
+
+def test_an_interruptible_batch_stops_and_drops_only_its_own_kv(model):
+    """A prompt batch stops at the interrupt flag (background work's: a request came), and its KV is
+    dropped; the same flag leaves a request's batch alone. The flag is read without the GIL (libc's
+    strlen as ggml's abort callback), so this also checks that trick on this platform."""
+    from efim_local.config import ContextParams
+    from efim_local.errors import Interrupted
+    from efim_local.llama import Batch, Context
+
+    with Context(model, ContextParams(n_ctx_seq=1024, n_slots=1, n_batch=256)) as ctx:
+        batch = Batch(256, 1)
+        batch.extend(range(10, 110), 0, 0)
+        ctx.decode(batch, interruptible=True)  # flag clear: decodes
+        assert ctx.seq_pos_max(0) == 99
+        ctx.interrupt()
+        batch.clear()
+        batch.extend(range(110, 210), 100, 0)
+        with pytest.raises(Interrupted):
+            ctx.decode(batch, interruptible=True)
+        assert ctx.seq_pos_max(0) == 99  # the stopped batch left nothing; the first batch stays
+        ctx.decode(batch)  # not interruptible: the flag is ignored
+        assert ctx.seq_pos_max(0) == 199
+        ctx.clear_interrupt()
+        batch.clear()
+        batch.extend(range(210, 260), 200, 0)
+        ctx.decode(batch, interruptible=True)
+        assert ctx.seq_pos_max(0) == 249

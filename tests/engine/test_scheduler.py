@@ -157,3 +157,53 @@ def test_background_work_for_the_latest_request_goes_first(scheduler, engine):
     rec.wait("R")
     assert both.wait(TIMEOUT)
     assert order == ["latest", "other"]
+
+
+def test_a_request_stops_a_background_prompt_batch_inside_it(scheduler, engine, reference):
+    """A request that comes while a background prompt batch decodes stops it between two graph
+    nodes (not at its end): the batch's KV is dropped, the batches before it stay, the task goes on
+    later, and the answers equal their plans computed cold. (The request is submitted inside a
+    step, right before a batch whose polls ignore it: so the batch is sure to be running when the
+    request comes, as when a keystroke lands in the middle of one.)"""
+    from efim_local.engine import background
+    from efim_local.errors import Interrupted
+
+    rec = Recorder()
+    seen, finished = [], threading.Event()
+    bg = request(4, 2500, 0)
+    req = request(5, 800, 4)
+
+    def task(engine, should_stop):
+        steps = background.prefill_steps(engine, bg.path, bg.text, bg.cursor, lambda: False)
+        n = 0
+        try:
+            while True:
+                if n == 2 and not seen:
+                    scheduler.submit(rec.task("R", req))
+                try:
+                    kind = next(steps)
+                except StopIteration:
+                    break
+                n += 1
+                yield kind
+        except Interrupted:
+            seen.append(n)
+            raise
+        finished.set()
+
+    old_chunk = engine.idle_chunk
+    engine.idle_chunk = lambda n_ctx: 256
+    try:
+        scheduler.add_background(task, key="bg", path=bg.path)
+        rec.wait("R")
+        assert finished.wait(TIMEOUT)
+    finally:
+        engine.idle_chunk = old_chunk
+    assert seen == [2], "the batch running when the request came must stop"
+    assert "interrupted" in scheduler.spent  # the status's engine_time_s says what was lost
+    assert rec.results["R"][1] is None
+    cold(reference, engine, req, rec.results["R"][0])
+    again = CompletionRequest(bg.text, bg.cursor, path=bg.path, layout="efim", max_tokens=8, ignore_eog=True)
+    out = engine.complete(again)
+    assert out.tokens.evaluated <= 2  # the task went on after the request and finished the plan
+    cold(reference, engine, again, out)
