@@ -7,12 +7,12 @@ engine (``efim_local.engine``).
 
 import importlib
 
-from .errors import BackendError, DecodeError, ModelError, NoKvSlot
+from .errors import BackendError, DecodeError, Interrupted, ModelError, NoKvSlot
 
 _LAZY = {"Model": "model", "Context": "context", "ContextParams": "context", "Batch": "batch",
          "Sampler": "sampler", "SamplerParams": "sampler"}
 
-__all__ = ["BackendError", "DecodeError", "ModelError", "NoKvSlot", *_LAZY]
+__all__ = ["BackendError", "DecodeError", "Interrupted", "ModelError", "NoKvSlot", *_LAZY]
 
 
 def __getattr__(name: str):

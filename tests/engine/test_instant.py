@@ -41,9 +41,9 @@ class Decodes:
         self.plain = self.decoder.decode
 
     def __enter__(self):
-        def counted(slot):
+        def counted(slot, *args):
             self.n += 1
-            return self.plain(slot)
+            return self.plain(slot, *args)
 
         self.decoder.decode = counted
         return self

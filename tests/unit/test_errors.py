@@ -21,6 +21,7 @@ EXPECTED = {
     E.RequestTooLarge: (E.REQUEST_TOO_LARGE, 1),
     E.Busy: (E.BUSY, 1),
     E.Cancelled: (E.CANCELLED, 1),
+    E.Interrupted: (E.CANCELLED, 1),  # background work's, never sent: it reads as Cancelled on the wire
     E.BackendError: (E.MODEL_ERROR, 1),
     E.ModelError: (E.MODEL_ERROR, 2),  # a model path that cannot be loaded is the user's input
     E.DownloadError: (E.INTERNAL_ERROR, 1),  # efim models pull: the network or the hub said no
@@ -58,8 +59,8 @@ def test_the_table_covers_the_whole_tree():
     # llama/ re-exports the same classes: one tree, no second definition.
     from efim_local import llama
 
-    assert (llama.BackendError, llama.ModelError, llama.DecodeError, llama.NoKvSlot) == \
-        (E.BackendError, E.ModelError, E.DecodeError, E.NoKvSlot)
+    assert (llama.BackendError, llama.ModelError, llama.DecodeError, llama.NoKvSlot, llama.Interrupted) == \
+        (E.BackendError, E.ModelError, E.DecodeError, E.NoKvSlot, E.Interrupted)
 
 
 @pytest.mark.parametrize("cls", list(EXPECTED), ids=lambda c: c.__name__)
