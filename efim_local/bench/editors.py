@@ -77,11 +77,13 @@ class EfimEditor:
         self.sock, self.max_tokens = sock, max_tokens
         self.ctl = Client(sock, timeout=60)
         self.version = 0
+        self.versions: dict[int, int] = {}  # id(a step's document) -> its version (the steps keep them alive)
         self.running: dict[int, object] = {}  # thread id -> its client, while its request runs
 
     def event(self, step: Step, prev: Step | None) -> None:
         if step.kind == "open":
             self.ctl.call("didOpen", {"path": step.path, "text": step.doc, "version": 0})
+            self.versions[id(step.doc)] = 0
             return
         if step.change is not None:
             s, e, text = step.change
@@ -89,13 +91,14 @@ class EfimEditor:
             doc = prev.doc
             self.ctl.call("didChange", {"path": step.path, "version": self.version, "contentChanges": [
                 {"range": {"start": _position(doc, s), "end": _position(doc, e)}, "text": text}]})
+            self.versions[id(step.doc)] = self.version
         if prev is None or prev.doc.count("\n", 0, prev.cursor) != step.doc.count("\n", 0, step.cursor) \
                 or step.kind == "jump":
             self.ctl.notify("cursor", {"path": step.path, "offset": step.cursor})
 
     def fire(self, req: Fired, out: Outcome) -> None:
         from ..daemon.client import Client
-        from ..errors import Cancelled
+        from ..errors import Cancelled, InvalidParams
 
         def on_partial(msg: dict) -> None:
             if out.t_first is None and msg.get("method") == "completion/partial" and msg["params"].get("text"):
@@ -104,8 +107,17 @@ class EfimEditor:
         with Client(self.sock, timeout=600) as c:
             self.running[threading.get_ident()] = c
             try:
+                # The version of the text the request was made on, as editors send it: the request
+                # runs on its own connection, so the next keystroke's didChange may reach the daemon
+                # first, and without it the old position would be read in the new text.
                 res = c.call("complete", {"path": req.path, "position": _position(req.doc, req.cursor),
+                                          "version": self.versions[id(req.doc)],
                                           "max_tokens": self.max_tokens, "stream": True}, on_notification=on_partial)
+            except InvalidParams as e:  # the user typed on before the request got there: stale
+                if "version" not in str(e):
+                    raise
+                out.cancelled = True
+                return
             except Cancelled as e:  # superseded; it says how far it got if it had started generating
                 out.cancelled = True
                 if isinstance(e.data, dict):  # its plan, if it had one; its prefill, if it had finished it

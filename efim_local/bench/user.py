@@ -145,6 +145,7 @@ def _accept(editor: EfimEditor, prev: Step, ghost: Ghost, text: str, to: Step) -
     pos = _position(ghost.doc, ghost.cursor)
     editor.ctl.call("didChange", {"path": to.path, "version": editor.version, "contentChanges": [
         {"range": {"start": pos, "end": pos}, "text": text}]})
+    editor.versions[id(to.doc)] = editor.version
     editor.ctl.notify("accepted", {"path": to.path, "id": "0", "text": ghost.text, "accepted": len(text)})
     f = Fired(-1, 0.0, to.path, to.doc, to.cursor, float("inf"))
     out = Outcome(time.perf_counter())
