@@ -134,6 +134,8 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
         tokens = tokens[:cut] + tokens[cut + 1:]
     plan_ms = (time.perf_counter() - t0) * 1e3
     context = context_report(plan)
+    if not ro.idle:
+        engine.last_context = (context["tokens"], context["full_tokens"])  # (Engine.interrupt)
     if engine.repo is not None:  # the repository context before the prefix: tokens per tier (repoctx.py)
         context["repo"] = engine.repo.report(req.path)
     if plan.closers:

@@ -89,3 +89,29 @@ def test_an_interruptible_batch_stops_and_drops_only_its_own_kv(model):
         batch.extend(range(210, 260), 200, 0)
         ctx.decode(batch, interruptible=True)
         assert ctx.seq_pos_max(0) == 249
+
+
+def test_a_starved_answer_lets_growth_finish_its_batch(tiny_model):
+    """After an answer with little context (growth is what it lacks) a request waits for the
+    background batch it lands in; otherwise, and early in a batch, the batch stops."""
+    import time as _time
+
+    from efim_local.engine import Engine
+    from efim_local.engine.engine import STARVED
+
+    from tests.helpers import small_config
+
+    with Engine(small_config(), tiny_model) as e:
+        def flag_after(used, full, span=None):
+            e.interruptible(True)
+            e.last_context, e.decoder.batch_span = (used, full), span
+            e.interrupt()
+            return bool(e.ctx._stop[0]), e.decoder.stop_next
+
+        assert flag_after(100, 3000) == (False, True)  # starved: finish the batch, stop the next
+        assert flag_after(STARVED + 1, 3000) == (True, False)
+        assert flag_after(100, 100) == (True, False)  # the whole plan: nothing to grow
+        now = _time.perf_counter()
+        assert flag_after(2000, 3000, (now - 0.1, now + 0.3)) == (True, False)  # early in the batch
+        assert flag_after(2000, 3000, (now - 0.3, now + 0.1)) == (False, True)  # late: it finishes
+        e.interruptible(False)
