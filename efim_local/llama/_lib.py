@@ -26,10 +26,18 @@ _ready = False
 _LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 
 
+# What llama.cpp logs as errors when a decode is aborted (GGML_STATUS_ABORTED = 1, llama_decode's 2):
+# an interrupted background batch (Context.interrupt), which is routine, not an error.
+_ABORTED = (b"failed with error 1", b"compute status: 1", b"failed to decode, ret = 2")
+
+
 @lib.llama_log_callback
 def _log_cb(level, text, _user):  # pragma: no cover - called from C
-    if text and log.isEnabledFor(_LEVELS.get(level, logging.DEBUG)):
-        log.log(_LEVELS.get(level, logging.DEBUG), text.decode("utf-8", "replace").rstrip())
+    lvl = _LEVELS.get(level, logging.DEBUG)
+    if text and lvl == logging.ERROR and any(a in text for a in _ABORTED):
+        lvl = logging.DEBUG
+    if text and log.isEnabledFor(lvl):
+        log.log(lvl, text.decode("utf-8", "replace").rstrip())
 
 
 def ensure_backend() -> None:
