@@ -746,8 +746,9 @@ def test_incremental_sync_reproduces_the_buffer(nv, relay, daemon, tmp_path):
     versions = [(m["method"], m["params"]["version"]) for _, m in relay.sent if m.get("method") in ("didOpen", "didChange")]
     assert all(b[0] == "didOpen" or b[1] == a[1] + 1 for a, b in zip(versions, versions[1:])), versions
     with daemon.client() as c:  # and the daemon holds the same text: the end is where it should be
-        end = c.call("cursor", {"path": str(src), "position": {"line": 2, "character": 1}})
-        assert end["offset"] == len(buffer)
+        # (the relay records a message before the daemon has read it: wait for the daemon too)
+        end = lambda: c.call("cursor", {"path": str(src), "position": {"line": 2, "character": 1}})["offset"]  # noqa: E731
+        assert wait_for(lambda: end() == len(buffer)), end()
         with_text = c.call("complete", {"path": str(src), "text": buffer, "offset": 9, "max_tokens": 2})
         synced = c.call("complete", {"path": str(src), "offset": 9, "max_tokens": 2})
     assert synced["text"] == with_text["text"] and synced["tokens"]["prompt"] == with_text["tokens"]["prompt"]
