@@ -80,7 +80,7 @@ def test_one_long_answer_adapts_to_a_busy_core(tiny_model, spinner):
         e.cores._first = False  # (not the runnable-tasks guess: the windows during the answer must adapt)
         assert e.cores.sample() == CORES
         t0 = time.monotonic()
-        out = e.complete(CompletionRequest("def f(x):\n    return ", 21, path="t.py", max_tokens=1000,
+        out = e.complete(CompletionRequest("def f(x):\n    return ", 21, path="t.py", max_tokens=3000,
                                            ignore_eog=True))
         assert time.monotonic() - t0 > 0.2 and out.tokens.generated > 100  # several windows
         st = e.status()
