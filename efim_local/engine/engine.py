@@ -104,6 +104,8 @@ class Engine:
                                    observe=lambda n, c, ms: self.speed.observe(n, c, ms))
             self.decoder.predict_ms = lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None
             self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
+            self.active_at = 0.0  # perf_counter() of the latest foreground work (the scheduler's)
+            self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
             self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
@@ -198,7 +200,8 @@ class Engine:
     def complete(self, req: CompletionRequest, on_text=None, should_stop=None) -> Completion:
         """Plan and complete a request, growing its reduced plan alongside as the daemon does.
         ``on_text`` receives streamed text; ``should_stop()`` cancels (Cancelled)."""
-        ride = background.Alongside(self, req.path, time.perf_counter(), should_stop)
+        self.active_at = time.perf_counter()
+        ride = background.Alongside(self, req.path, self.active_at, should_stop)
         return background.drive_riding(complete_steps(self, req, RunOptions(on_text=on_text, should_stop=should_stop)),
                                        ride)
 
@@ -226,14 +229,22 @@ class Engine:
 
     def interrupt(self) -> None:
         """A request or a call came (any thread): an interruptible batch stops now, not at its end.
-        Unless less than half of it is left (by the learned speed): finishing it wastes less than
-        dropping it. And unless the latest answer had little context (``STARVED``): then every batch
-        of growth is worth more than the wait (on the 1.5B shape, interrupting cut the mean context
-        from 15% to 4% of the full plan). Either way the next batch stops at once."""
+        Unless little of it is left: less than half of it, and less than half of ``patience_s`` (a
+        chunk of the usual size; idle chunks grow in quiet spells, background.idle_chunk): finishing
+        it wastes less than dropping it. And unless the latest answer had little context
+        (``STARVED``) and no more than ``patience_s`` is left: then every batch of growth is worth
+        more than the wait (on the 1.5B shape, interrupting cut the mean context from 15% to 4% of
+        the full plan). Either way the next batch stops at once."""
+        self.active_at = time.perf_counter()
         span = self.decoder.batch_span
         used, full = self.last_context
-        if used < min(STARVED, full) or (
-                span is not None and span[1] - time.perf_counter() < (span[1] - span[0]) / 2):
+        starved = used < min(STARVED, full)
+        if span is None:
+            wait = starved
+        else:
+            left, whole = span[1] - self.active_at, span[1] - span[0]
+            wait = left < (self.patience_s if starved else min(whole, self.patience_s) / 2)
+        if wait:
             self.decoder.stop_next = True
             return
         self.ctx.interrupt()

@@ -49,13 +49,13 @@ class Reuse:
         self.store, self.sparse, self.n_stream, self.swa = store, sparse, n_stream, swa
 
     def start(self, prompt: np.ndarray, path: str | None, want_sparse: bool, cold: bool = False,
-              idle: bool = False, light: bool = False) -> Start:
+              idle: bool = False, light: bool = False, keep: np.ndarray | None = None) -> Start:
         """Choose the slot for ``prompt`` and bring in the best KV for it. ``cold`` ignores all of it;
-        ``idle`` work never cuts the KV a slot holds beyond the shared prefix (see fork()). ``light``
-        work (growth between a request's tokens) never saves or restores a state: Cancelled when it
-        would have to save one."""
+        ``idle`` work never cuts the KV a slot holds beyond the shared prefix (see fork()), nor, its
+        own, what a slot holds of ``keep``. ``light`` work (growth between a request's tokens) never
+        saves or restores a state: Cancelled when it would have to save one."""
         if idle and not cold:
-            self.fork(prompt, path, light)
+            self.fork(prompt, path, light, keep)
         # Idle work that shares little with the file's slot takes another: growing there would cut the
         # keystrokes' KV (and the next keystroke would cut the growth).
         slot, n_common = self.slots.pick(prompt, None if idle else path)
@@ -81,7 +81,7 @@ class Reuse:
             raise Cancelled()  # no state serialized between a request's tokens: idle time will do it
         self.save(slot)
 
-    def fork(self, prompt: np.ndarray, path: str | None, light: bool = False) -> None:
+    def fork(self, prompt: np.ndarray, path: str | None, light: bool = False, keep: np.ndarray | None = None) -> None:
         """Copy the longest prefix of ``prompt`` a slot holds into a spare slot, if that slot holds
         more (the keystrokes' KV): idle work then grows the copy, and a request that comes in the
         meantime still finds its own KV whole. Without this, every keystroke would cut off what the
@@ -89,8 +89,8 @@ class Reuse:
         src, n = self.slots.pick(prompt, busy_ok=True)  # a copy only reads the source
         # A source that holds no more than the shared prefix, or whose rest is this file's idle work's
         # own (the typed text of an earlier growth step), is grown in place, unless a request is
-        # generating in it.
-        own = src.idle and src.path == path
+        # generating in it, or its rest is ``keep``'s (growth's progress past a stage it refreshes).
+        own = src.idle and src.path == path and (keep is None or common_prefix(src.tokens, keep) <= n)
         holds_more = (n < len(src.tokens) and not own) or src.seq in self.slots.busy
         if self.swa or src.sparse or n < self.slots.min_reuse or not holds_more or n + 1 >= len(prompt):
             return
@@ -116,9 +116,10 @@ class Reuse:
             if slot.path == path and len(slot.tokens) and common_prefix(slot.tokens, prompt) < len(prompt):
                 self.clear(slot)
 
-    def peek(self, prompt: np.ndarray) -> int:
-        """How many of ``prompt``'s tokens a live slot already holds (no side effects)."""
-        return self.slots.pick(prompt)[1]
+    def peek(self, prompt: np.ndarray, busy_ok: bool = False) -> int:
+        """How many of ``prompt``'s tokens a live slot already holds (no side effects; ``busy_ok``:
+        a slot a request is running in counts too: it keeps its prompt's KV when it ends)."""
+        return self.slots.pick(prompt, busy_ok=busy_ok)[1]
 
     def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool,
                idle: bool = False) -> None:

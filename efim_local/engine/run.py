@@ -52,6 +52,7 @@ class RunOptions:
     t0: float | None = None
     known: Sequence[int] | None = None  # type-through: the greedy continuation known (engine/instant.py)
     trail: list[int] | None = None  # receives the greedy continuation (GenSpec.trail)
+    keep: Sequence[int] | None = None  # idle work: KV of these tokens that it never cuts (Reuse.start)
 
 
 def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
@@ -69,7 +70,8 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
         out = yield from remote_steps(engine, prompt, how, ro, rules)
         if out is not None:
             return out  # else every replica failed: the local model answers
-    start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light)
+    keep = None if ro.keep is None else np.asarray(ro.keep, dtype=np.int32)
+    start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light, keep)
     slot = start.slot
     if not ro.idle:  # other work between this request's steps never picks, evicts or empties its slot
         engine.slots.busy.add(slot.seq)

@@ -251,7 +251,7 @@ class Scheduler:
 
     def _step(self, task: RequestTask) -> None:
         """One step of a request: start it, or its next prefill batch or token."""
-        t = time.perf_counter()
+        t = self.engine.active_at = time.perf_counter()  # idle chunks stay short right after (background.py)
         kind = PREFILL
         try:
             if task.steps is None:
@@ -292,6 +292,7 @@ class Scheduler:
         task.steps = None
         now = time.monotonic()
         self.save_at, self.idle_at = now + SAVE_DELAY, now + IDLE_GRACE
+        self.engine.active_at = time.perf_counter()
         try:
             task.done(out, err)
         except Exception:  # noqa: BLE001 - a reply that cannot be sent never stops the engine

@@ -281,6 +281,38 @@ def test_growth_during_generation_yields_to_a_request(engine):
         engine.config = replace(engine.config, grow_share=0.0)
 
 
+def test_growth_riding_along_a_request_never_cuts_the_stage_ahead(engine):
+    """Growth riding along a request counts the request's own (busy) slot as holding its plan: it
+    never computes that plan again in the slot where the next stage grows, so what growth holds of
+    the full plan never shrinks while the user types. (It did: the paced replay's context stuck at
+    the first stage, 53% of the full plan, for 40 s of typing.)"""
+    import numpy as np
+
+    engine.config = replace(engine.config, grow_share=0.9, idle_chunk_ms=1.0)  # a chunk after each token
+    try:
+        text, path = DOCS[1], "ride-stages.py"
+        engine.forget(path)
+        cur = text.index("\n", 3000) + 1
+        engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
+        anchor = engine.session(path).anchor
+        full = np.asarray(engine.planner.stable_tokens("efim", engine.planner.full_anchor(anchor)), np.int32)
+        held = lambda: engine.reuse.peek(full, busy_ok=True)
+        history, reasons = [held()], []
+        for ch in "value_x = (y" * 30:
+            text, cur = text[:cur] + ch + text[cur:], cur + 1
+            out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100,
+                                                    max_tokens=3, ignore_eog=True, heal=False))
+            history.append(held())
+            reasons.append(out.reanchor)
+            if not out.context["reduced"]:
+                break
+        assert not engine.session(path).anchor.reduced, "growth never finished"
+        assert reasons.count("grown") >= 2  # stages were taken on the way
+        assert history == sorted(history), history
+    finally:
+        engine.config = replace(engine.config, grow_share=0.0, idle_chunk_ms=50.0)
+
+
 def test_a_budgeted_reanchor_tokenizes_the_file_once(engine, monkeypatch):
     text, path = DOCS[3], "once.py"
     cur = text.index("\n", 3000) + 1

@@ -109,10 +109,40 @@ def test_a_starved_answer_lets_growth_finish_its_batch(tiny_model):
             e.interrupt()
             return bool(e.ctx._stop[0]), e.decoder.stop_next
 
+        e.patience_s = 1.0  # batches of the usual size (idle chunks grow in quiet spells)
         assert flag_after(100, 3000) == (False, True)  # starved: finish the batch, stop the next
         assert flag_after(STARVED + 1, 3000) == (True, False)
         assert flag_after(100, 100) == (True, False)  # the whole plan: nothing to grow
         now = _time.perf_counter()
         assert flag_after(2000, 3000, (now - 0.1, now + 0.3)) == (True, False)  # early in the batch
         assert flag_after(2000, 3000, (now - 0.3, now + 0.1)) == (False, True)  # late: it finishes
+        assert flag_after(100, 3000, (now - 0.1, now + 0.3)) == (False, True)  # starved
+        # A batch grown in a quiet spell, 4x the usual: a request waits for at most half of a usual
+        # batch (a quarter when starved, the whole usual batch)
+        e.patience_s = 0.2
+        now = _time.perf_counter()
+        assert flag_after(2000, 3000, (now - 0.5, now + 0.3)) == (True, False)
+        assert flag_after(2000, 3000, (now - 0.7, now + 0.05)) == (False, True)
+        assert flag_after(100, 3000, (now - 0.4, now + 0.4)) == (True, False)
+        assert flag_after(100, 3000, (now - 0.6, now + 0.15)) == (False, True)
         e.interruptible(False)
+
+
+def test_idle_chunks_grow_in_a_quiet_spell(tiny_model):
+    """Right after a request an idle chunk prefills in about ``idle_chunk_ms``; as the quiet goes on
+    it may last half of it (a bigger batch prefills more tokens a second), up to ``idle_chunk_tokens``."""
+    from efim_local.engine import Engine
+    from efim_local.engine.speed import PrefillSpeed
+
+    from tests.helpers import small_config
+
+    with Engine(small_config(idle_chunk_ms=50, idle_chunk_tokens=64), tiny_model) as e:
+        e.speed = PrefillSpeed.fixed(5.0)  # 5 ms a token
+        e.active_at = time.perf_counter()
+        assert e.idle_chunk(0) == 10
+        assert e.patience_s == pytest.approx(0.05)
+        e.active_at -= 0.4  # 400 ms of quiet: chunks of about 200 ms
+        assert 38 <= e.idle_chunk(0) <= 40
+        e.active_at -= 10
+        assert e.idle_chunk(0) == 64
+        assert e.patience_s == pytest.approx(0.05)  # the usual chunk's time, for Engine.interrupt
