@@ -152,17 +152,29 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
     bar.close()
     for th in threads:
         th.join(600)
+    opened: dict[str, float] = {}  # each request's file: when it was last opened, as of the request
+    since, i = [], 0
+    for f in fired:
+        for s in trace_steps[i:f.step + 1]:
+            if s.kind == "open":
+                opened[s.path] = s.t
+        i = f.step + 1
+        since.append(round(f.t - opened.get(f.path, 0.0), 3))
     rows = []
-    for f, o in zip(fired, outcomes):
+    for f, o, since_open in zip(fired, outcomes, since):
         next_key = t0 + f.next_key_t
         ttft = (o.t_first - o.t_send) * 1e3 if o.t_first else None
         derived = (o.t_first_derived - o.t_send) * 1e3 if o.t_first_derived else None
-        rows.append({"t": round(f.t, 3), "path": f.path, "ttft_ms": ttft, "ttft_derived_ms": derived,
+        rows.append({"t": round(f.t, 3), "path": f.path, "since_open_s": since_open, "ttft_ms": ttft,
+                     "ttft_derived_ms": derived,
                      "cancelled": o.cancelled,
                      "stale": o.t_first is None or o.t_first > next_key,  # no ghost before the next key
                      "evaluated": o.evaluated, "reanchor": o.reanchor, "wait_ms": o.wait_ms, "source": o.source,
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
+
+
+SETTLED_S = 5.0  # seconds after a file opens from which its context counts as settled
 
 
 def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None) -> dict:
@@ -183,6 +195,11 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
                  for r, full in zip(rows, full_tokens) if "context_prefix_tokens" in r and not r["stale"]]
         s["context_frac_shown"] = bu.mean(shown)  # the requests whose ghost came before the next key
         s["reduced_frac"] = sum(bool(r.get("context_reduced")) for r in rows) / max(1, len(fr))
+        # The context once a file has been open a while (the "from the 5th second"), in tokens
+        settled = [r["context_prefix_tokens"] + r["context_suffix_tokens"] for r in rows
+                   if "context_prefix_tokens" in r and r.get("since_open_s", 0) >= SETTLED_S]
+        if settled:
+            s["context_median_tokens_5s"] = bu.pctl(settled, 0.5)
     return s
 
 

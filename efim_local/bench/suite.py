@@ -99,7 +99,7 @@ def _paced_table(r: dict) -> str:
             + ("; one core kept busy" if r["busy"] else ""))
     cols = [c for c in ("backend", "requests", "answered", "stale_frac", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
                         "derived_p50_ms", "derived_p95_ms", "text_after_prefill_p50_ms", "text_after_prefill_p95_ms",
-                        "context_frac_mean", "context_frac_shown", "reduced_frac",
+                        "context_frac_mean", "context_frac_shown", "context_median_tokens_5s", "reduced_frac",
                         "ttft_p50_vs_infill", "ttft_p95_vs_infill", "lost", "ttft_p50_vs_inprocess",
                         "ttft_p95_vs_inprocess")
             if any(c in s for s in r["summary"])]

@@ -28,6 +28,11 @@ def test_paced_replay_times_the_first_text_at_the_client(tiny_model):
     assert "derived_p95_ms" in s["efim"] and s["efim"]["context_frac_mean"] > 0
     efim_rows = res["rows"]["efim"]
     assert all("context_middle_tokens" in r for r in efim_rows if "context_prefix_tokens" in r)
+    # the time since the request's file opened (the click trace opens its first file at 0, typing 3 s on)
+    assert all(r["since_open_s"] == r["t"] for r in efim_rows) and efim_rows[0]["since_open_s"] >= 3
+    settled = [r["context_prefix_tokens"] + r["context_suffix_tokens"] for r in efim_rows
+               if "context_prefix_tokens" in r and r["since_open_s"] >= paced.SETTLED_S]
+    assert not settled or s["efim"]["context_median_tokens_5s"] in settled
 
 
 def test_context_part_scores_each_planned_request(tiny_model):
