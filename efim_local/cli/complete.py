@@ -136,7 +136,7 @@ def status(as_json, **model_kw):
     out = {k: info[k] for k in keys if k in info}
     if info["via"] == "daemon":
         out.update(daemon_pid=info["pid"], socket=info["socket"], context=info["requests"].get("context"),
-                   answers=info["requests"].get("sources"))
+                   answers=info["requests"].get("sources"), engine_time_s=info.get("engine_time_s"))
     else:
         out["store"] = info["store"]
     if as_json:

@@ -187,6 +187,8 @@ def daemon_status(as_json):
         c = req["context"]
         click.echo(f"context used mean {c['mean_tokens']:.0f} tokens (median {c['median_tokens']}), "
                    f"{c['mean_share']:.0%} of the full plans, {c['reduced']:.0%} reduced by the latency budget")
+    if st.get("engine_time_s"):  # where the engine's time went, by kind of work
+        click.echo("engine time  " + ", ".join(f"{k} {v:g} s" for k, v in st["engine_time_s"].items()))
     for s in st["slots"]:
         click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {(s['path'] if s['tokens'] else '') or '-'}")
     for path, f in req["files"].items():

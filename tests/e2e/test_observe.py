@@ -85,7 +85,8 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert f"context used mean {full} tokens (median {full}), 100% of the full plans, 0% reduced" in text
     heal = f"healing      {'on' if st['heal'] else 'off'}: {st['heal_reason']}"  # (issue 16 decides the defaults)
     for want in ("KV f16/f16", f"layout       {layout}: {why}", heal, "latency p50", "p95",
-                 f" 50% hits     2 requests  {src}", "ram tier", "disk tier", "/ 512 MiB", "threads"):
+                 f" 50% hits     2 requests  {src}", "ram tier", "disk tier", "/ 512 MiB", "threads",
+                 "engine time  ", " generate "):
         assert want in text, (want, text)
     assert re.search(rf"slot \d +\d+ tokens  {re.escape(str(src))}", text)
 
@@ -93,6 +94,7 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     daemon_heal = st["heal"]
     st = json.loads(cli(env, "status", "--json").stdout)
     assert st["via"] == "daemon" and st["daemon_pid"] > 0 and st["context"]["mean_share"] == 1.0
+    assert st["engine_time_s"]["generate"] > 0  # where the engine's time went
     assert (st["layout"], st["layout_reason"], st["heal"]) == (layout, why, daemon_heal)
 
     # options that need another engine never bypass the daemon silently
