@@ -312,6 +312,12 @@ class Planner:
         return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces,
                          last.window if last is not None else None)
 
+    def space(self, reserve: int) -> int:
+        """Prefix and suffix tokens a plan holds at most: the slot, less the markers, the room for the
+        output (``reserve``) and room for the middle to grow to its limit before re-anchoring."""
+        room = min(self.limits.max_middle_tokens, self.limits.n_ctx // 4)
+        return self.limits.n_ctx - self._total((), (), (), reserve) - room
+
     def window_step(self, room: int) -> int:
         """How far a window moves at once: a sixteenth of the prefix's room (a few dozen lines)."""
         return max(16, room // 16)
@@ -340,9 +346,7 @@ class Planner:
         else:
             prefix, suffix = self.tokenize(prefix_text), self.tokenize(suffix_text)
         full = (tuple(prefix), tuple(suffix))
-        # Leave room for the middle to grow to its limit before re-anchoring.
-        room = min(self.limits.max_middle_tokens, self.limits.n_ctx // 4)
-        space = self.limits.n_ctx - self._total((), (), (), reserve) - room
+        space = self.space(reserve)
         if space < 16:
             raise PlanError(f"context of {self.limits.n_ctx} tokens is too small for this request")
         # The prefix's share of the context: all but the suffix's (at least a quarter, when it has it).

@@ -364,3 +364,23 @@ def test_an_interrupted_cursor_prefill_leaves_the_anchor_the_request_will_use(en
         engine.prefill(path, text, cur, _stop_after(6))  # the budgeted plan, then a few growth chunks
     out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_tokens=2))
     assert out.reanchor is None and out.context["reduced"] and out.tokens.evaluated <= 2, out
+
+
+def test_a_file_opened_without_a_cursor_warms_its_top(engine, reference):
+    """Opened before any cursor is known, a file bigger than a slot is warmed from its top (the head
+    of every plan on its first window), not at its end (another window): a request in the first
+    window then finds its prefix cached, and its answer equals its plan computed cold."""
+    from efim_local.engine.background import top_steps
+    from efim_local.engine.decode import drive
+
+    text, path = "".join(DOCS), "opened.py"  # about three slots' worth
+    engine.forget(path)
+    engine.clear_slots()
+    drive(top_steps(engine, path, text))
+    cur = text.index("\n", 1500) + 1
+    req = CompletionRequest(text, cur, path=path, layout="efim", max_tokens=4, heal=False)
+    out = engine.complete(req)
+    plan = engine.plan(req)
+    assert plan.prefix_trimmed == 0 and len(plan.prefix_tokens) > 300  # the first window
+    assert out.tokens.cached >= len(plan.prefix_tokens) - 1  # (the anchor's line may tokenize otherwise)
+    assert out.token_ids == reference.run(plan.tokens, Options(max_tokens=4), cold=True).token_ids
