@@ -181,21 +181,6 @@ def stages(engine, planner, session, full, tokens) -> list[tuple[int, ...]]:
     return out
 
 
-GAP_SHARE = 0.8  # growth's share alongside a request whose plan lacks part of its prefix (gapped())
-
-
-def gapped(engine, path: str | None) -> bool:
-    """Whether ``path``'s reduced plan lacks part of its prefix: the cached head from the window's top,
-    then the tail nearest the cursor, and none of the lines between. Those lines weigh most (the
-    paced replay, gemma3-270m: 1.83 bits/char on such plans against 1.24 on the full plan, where
-    plans lacking only suffix score as the full one), so growth, which fills the prefix first, gets
-    more of the time then."""
-    if not reduced(engine, path):
-        return False
-    a = engine.files.get(path).session.anchor
-    return len(a.prefix_tokens) < len(a.full_prefix) - a.window
-
-
 class Alongside:
     """Growth riding along one request's generation, for a request whose plan the budget reduced.
 
@@ -231,8 +216,7 @@ class Alongside:
             self.on = False
             return
         done = time.perf_counter()
-        share = max(self.share, GAP_SHARE) if gapped(self.engine, self.path) else self.share
-        self.next_at = done + (done - t) * (1 - share) / share
+        self.next_at = done + (done - t) * (1 - self.share) / self.share
 
 
 def drive_riding(steps, ride: Alongside):
