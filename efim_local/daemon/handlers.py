@@ -149,8 +149,9 @@ class Handlers:
 
     def warm_later(self, path: str, at: int | None = None) -> None:
         """Prefill ``path`` (its open text, else the file) at offset ``at`` (default: its last
-        cursor; none yet: the head of its plans from the file's top), when idle. An open document edited in the meantime is skipped: the cursor that
-        came with this task is stale, and the requests of the typing take over."""
+        cursor; none yet: the head of its plans from the file's top), when idle. An open document
+        edited in the meantime is skipped: the cursor that came with this task is stale, and the
+        requests of the typing take over."""
         f = self.engine.files.get(path)
         version = f.version if f is not None and f.open else None
 
@@ -168,7 +169,7 @@ class Handlers:
                     return
             if len(text) > IDLE_MAX_CHARS:
                 return
-            cursor = None if cursor is None else min(cursor, len(text))  # None: the file's top (background.top_steps)
+            cursor = None if cursor is None else min(cursor, len(text))  # None: background.top_steps
             return warm_steps(engine, path, text, cursor, should_stop)
 
         self.worker.add_idle(warm, key=("warm", path), path=path)

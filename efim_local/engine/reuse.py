@@ -81,7 +81,8 @@ class Reuse:
             raise Cancelled()  # no state serialized between a request's tokens: idle time will do it
         self.save(slot)
 
-    def fork(self, prompt: np.ndarray, path: str | None, light: bool = False, keep: np.ndarray | None = None) -> None:
+    def fork(self, prompt: np.ndarray, path: str | None, light: bool = False,
+             keep: np.ndarray | None = None) -> None:
         """Copy the longest prefix of ``prompt`` a slot holds into a spare slot, if that slot holds
         more (the keystrokes' KV): idle work then grows the copy, and a request that comes in the
         meantime still finds its own KV whole. Without this, every keystroke would cut off what the
