@@ -144,7 +144,7 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     # A stage growth has passed is computed again (with the text typed since) in a copy of the slot
     # that holds the full plan further: never at the cost of that progress.
     refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, full))])
-    for stage in stages(engine, planner, session, full, tokens):
+    for stage in stages(engine, planner, session, full, tokens, len(partial.suffix_tokens)):
         out = yield from run_steps(engine, stage, Options(max_tokens=0), refresh)
         engine.slots.slots[out.slot].idle = False  # a keystroke takes it: growth goes on in a copy
     yield from run_steps(engine, tokens, Options(max_tokens=0), ro)
@@ -158,7 +158,7 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
 STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
 
 
-def stages(engine, planner, session, full, tokens) -> list[tuple[int, ...]]:
+def stages(engine, planner, session, full, tokens, first: int = 0) -> list[tuple[int, ...]]:
     """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
     context grown so far at the cost of the tokens typed since (``run.adopt_growth``): the full plan
     cut at each of ``run.stage_ends``, then the middle marker and the typed text. The last stage
@@ -171,7 +171,7 @@ def stages(engine, planner, session, full, tokens) -> list[tuple[int, ...]]:
     # again in another slot (it would cut the stage ahead there, and the next idle step would redo it).
     peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
     frontier = peek(tokens)
-    ends = list(stage_ends(planner, full))
+    ends = stage_ends(planner, full, first)
     passed = [e for e in ends if e <= frontier]
     out = []
     for end in passed[-1:] + [e for e in ends if e > frontier]:

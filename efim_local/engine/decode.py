@@ -249,7 +249,12 @@ class Decoder:
             self.batch.extend(part, have, slot.seq)
             if have + len(part) == n:
                 self.batch.raw.logits[len(part) - 1] = True
-            self.decode(slot)
+            t = time.perf_counter()
+            try:  # background work's (the continuation computed ahead): a request that comes stops it
+                self.decode(slot, self.interruptible)
+            except Interrupted as e:
+                e.lost_s = time.perf_counter() - t
+                raise
             have += len(part)
             slot.tokens = seq[:have]
         return self.batch.raw.n_tokens - 1

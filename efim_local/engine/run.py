@@ -247,19 +247,24 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
     while the user types instead of in one jump at the end."""
     if not plan.reduced or plan.reanchor is not None:
         return None
-    used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
-    want = max(ADOPT_MIN, plan.full_context // ADOPT_GAIN)
-    if plan.full_context - used < want:
-        return None
     session = engine.session(req.path)
     planner, anchor = engine.planner_for(session), session.anchor
+    used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
+    want = max(ADOPT_MIN, plan.full_context // ADOPT_GAIN)
+    # A plan that lacks lines of its prefix (the cached head, then the lines nearest the cursor) takes
+    # any grown plan that has them all: those lines weigh most (docs/benchmarks-context.md).
+    lacks = len(plan.prefix_tokens) < len(anchor.full_prefix) - anchor.window
+    if plan.full_context - used < want and not lacks:
+        return None
+    full = planner.full_anchor(anchor, engine.max_tokens(req.how))
     # All that growth holds, else the last stage it left with the typed text after it (cheaper)
-    for cap in (None, *reversed(stage_ends(planner, planner.full_anchor(anchor, engine.max_tokens(req.how))))):
+    for cap in (None, *reversed(stage_ends(planner, full, len(anchor.suffix_tokens)))):
         held = peek if cap is None else (lambda toks, cap=cap: min(peek(toks), cap))
         fitted = planner.refit(anchor, len(plan.middle_tokens), Budget(tokens=0, cached=held, floor=0),
                                reserve=engine.max_tokens(req.how))
         if fitted.reduced and (fitted.head < len(anchor.full_prefix) - fitted.window  # a gap in the prefix
-                               or len(fitted.prefix_tokens) + len(fitted.suffix_tokens) - used < want):
+                               or (len(fitted.prefix_tokens) + len(fitted.suffix_tokens) - used < want
+                                   and not lacks)):
             continue
         grown = planner.plan_on(fitted, plan.layout, plan.middle_tokens, plan.middle_text, GROWN, plan.closers)
         have = peek(grown.tokens)
@@ -274,15 +279,18 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
     return grown
 
 
-def stage_ends(planner, full) -> range:
-    """Where growth's stages end in the full plan's tokens (EFIM, PSM order; else none): once the
-    whole prefix is computed, every ``1/STAGES`` of the context into the suffix."""
+def stage_ends(planner, full, first: int = 0) -> list[int]:
+    """Where growth's stages end in the full plan's tokens (EFIM, PSM order; else none): the whole
+    prefix and the ``first`` tokens of the suffix (a reduced plan's: so that one lacking lines of its
+    prefix gets them as soon as they are computed), then every ``1/STAGES`` of the context into the
+    suffix."""
     m = planner.markers
     if m.order != "psm":
-        return range(0)
+        return []
     body = len(planner.head_tokens(full.prefix_tokens)) + len(m.suf)  # where the suffix starts
     step = max(STAGE_MIN, full.full_context // STAGES)
-    return range(body + step, body + len(full.suffix_tokens) - step // 2, step)
+    rest = list(range(body + step, body + len(full.suffix_tokens) - step // 2, step))
+    return ([body + first] if 0 < first < step // 2 else []) + rest
 
 
 def budget_ms(engine, how: Options) -> float:

@@ -83,6 +83,40 @@ def test_typing_the_answer_is_answered_from_its_trail_and_equals_cold(engine, re
                 assert d.n == 0, (typed, out.stop_reason)
 
 
+def test_a_request_stops_the_continuation_computed_ahead(engine):
+    """The continuation computed ahead is background work: a request that comes stops its decode
+    (the token is dropped, the trail and the slot stay consistent), and it goes on later to the same
+    tokens."""
+    from efim_local.engine.instant import ahead_steps
+    from efim_local.errors import Interrupted
+
+    doc, cur = doc_at(3, 1500)
+    engine.clear_slots()
+    engine.forget("ahead.py")
+    engine.complete(CompletionRequest(doc, cur, path="ahead.py"))
+    s = engine.instant.shown["ahead.py"]
+    before = list(s.ids)
+    engine.interruptible(True)  # as the scheduler runs background work
+    try:
+        engine.ctx.interrupt()  # a request came
+        with pytest.raises(Interrupted):
+            next(ahead_steps(engine, "ahead.py"))
+        assert s.ids == before
+        engine.interruptible(True)  # the next background step
+        steps = ahead_steps(engine, "ahead.py")
+        next(steps)
+        steps.close()
+    finally:
+        engine.interruptible(False)
+    assert s.ids[:len(before)] == before and len(s.ids) == len(before) + 1
+    engine.ahead("ahead.py")
+    extended = list(s.ids)
+    engine.clear_slots()
+    engine.complete(CompletionRequest(doc, cur, path="ahead.py"))
+    engine.ahead("ahead.py")  # uninterrupted: the same continuation
+    assert engine.instant.shown["ahead.py"].ids == extended
+
+
 def test_accept_after_ahead_needs_no_decode(engine, reference):
     for at in range(1200, 2500, 100):  # an answer that is whole text (typing a REPLACEMENT types other bytes)
         doc, cur = doc_at(2, at)
