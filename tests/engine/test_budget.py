@@ -164,8 +164,9 @@ def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference, ca
         except Cancelled:
             pass
         chunks += 1
-        # (each of growth's stages costs a chunk more: the typed text after it, and maybe its refresh)
-        assert chunks <= missing // engine.config.idle_chunk_tokens + 2 * run_mod.STAGES + 3
+        # (each of growth's stages, and the first one at the prefix's end, costs a chunk more: the typed
+        # text after it, and maybe its refresh)
+        assert chunks <= missing // engine.config.idle_chunk_tokens + 2 * (run_mod.STAGES + 1) + 3
         ch = "value_"[chunks % 6]
         text, cur, typed = text[:cur] + ch + text[cur:], cur + 1, typed + ch
         out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=2))
