@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -385,3 +386,51 @@ def test_a_file_opened_without_a_cursor_warms_its_top(engine, reference):
     assert plan.prefix_trimmed == 0 and len(plan.prefix_tokens) > 300  # the first window
     assert out.tokens.cached >= len(plan.prefix_tokens) - 1  # (the anchor's line may tokenize otherwise)
     assert out.token_ids == reference.run(plan.tokens, Options(max_tokens=4), cold=True).token_ids
+
+
+def test_a_plan_lacking_prefix_lines_takes_them_as_soon_as_they_are_grown(engine, reference):
+    """A reduced plan that keeps the cached head and the lines nearest the cursor, but not the few
+    between, takes the grown plan as soon as growth has the whole prefix (and the suffix it had) and
+    the text typed since, without waiting for a stage of the suffix or for a sixteenth of the context
+    (the lines between weigh most); the answer equals that plan computed cold."""
+    text, path = DOCS[2][:4000], "lacking.py"
+    engine.forget(path)
+    top, cur = text.index("\n", 2500) + 1, text.index("\n", 2800) + 1
+    engine.complete(CompletionRequest(text, top, path=path, layout="efim", max_prompt_ms=0, max_tokens=2))
+    used = []
+    fit = run_mod.fit_budget
+
+    def key(ch):  # a keystroke at the cursor, within a 40 ms budget (40 new tokens)
+        nonlocal text, cur
+        text, cur = text[:cur] + ch + text[cur:], cur + 1
+        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=4, heal=False)
+        run_mod.fit_budget = lambda e, r, p: used.append(fit(e, r, p)) or used[-1]
+        try:
+            return engine.complete(req)
+        finally:
+            run_mod.fit_budget = fit
+
+    for ch in "value = compute(alpha, beta) + offset * scale_factor":  # more than half the budget buys
+        out = key(ch)
+    anchor = engine.session(path).anchor
+    full = engine.planner.full_anchor(anchor)
+    gap = len(full.prefix_tokens) - len(anchor.prefix_tokens)
+    assert anchor.reduced and 0 < anchor.head and 0 < gap < max(run_mod.ADOPT_MIN, out.context["full_tokens"] // 16)
+    assert len(used[-1].middle_tokens) > 40 * run_mod.ADOPT_SHARE
+    first = engine.planner.stable_tokens("efim", full)[:len(engine.planner.head_tokens(full.prefix_tokens)) + 1
+                                                       + len(anchor.suffix_tokens)]
+    while engine.reuse.peek(np.asarray(first, np.int32)) < len(first):
+        try:
+            engine.grow(path, _stop_after(2))  # a chunk at a time
+        except Cancelled:
+            pass
+    for _ in range(3):  # growth computes the stage's typed text after it, then the keystroke takes it
+        try:
+            engine.grow(path, _stop_after(2))
+        except Cancelled:
+            pass
+    out = key("_")
+    assert out.reanchor == "grown" and out.context["prefix_tokens"] == len(full.prefix_tokens)
+    assert out.context["suffix_tokens"] < len(full.suffix_tokens)  # before any stage of the suffix
+    assert out.tokens.evaluated <= 40 * run_mod.ADOPT_SHARE
+    assert out.token_ids == reference.run(used[-1].tokens, Options(max_tokens=4), cold=True).token_ids
