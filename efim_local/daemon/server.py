@@ -39,13 +39,17 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-def refuse(client: socket.socket, frame: bytes) -> None:
-    """Best effort: tell a client why it is turned away, without ever blocking or raising. What it
-    sent is read first: closing with unread data makes its side see ECONNRESET, not the reply."""
+def refuse(client: socket.socket, frame: bytes, linger: float = 0.0) -> None:
+    """Best effort: tell a client why it is turned away, without raising. What it sent is read
+    first: closing with unread data makes its side see ECONNRESET, not the reply. ``linger``: wait up
+    to that long for its request and its close (else a client that connects, then sends, finds the
+    socket closed: EPIPE before it reads the reply); 0: never block."""
     try:
         client.setblocking(False)
         client.send(frame)
         client.shutdown(socket.SHUT_WR)
+        if linger:
+            client.settimeout(linger)
         for _ in range(16):
             if not client.recv(1 << 16):
                 break
@@ -53,6 +57,28 @@ def refuse(client: socket.socket, frame: bytes) -> None:
         pass
     finally:
         client.close()
+
+
+REFUSING = threading.BoundedSemaphore(8)  # refusals that linger at once (a flood beyond is refused at once)
+REFUSE_LINGER = 1.0  # seconds
+
+
+def refuse_later(client: socket.socket, frame: bytes) -> None:
+    """:func:`refuse`, lingering on a thread of its own, unless too many already do."""
+    if not REFUSING.acquire(blocking=False):
+        return refuse(client, frame)
+
+    def run() -> None:
+        try:
+            refuse(client, frame, REFUSE_LINGER)
+        finally:
+            REFUSING.release()
+
+    try:
+        threading.Thread(target=run, name="efim-refuse", daemon=True).start()
+    except RuntimeError:  # no more threads
+        REFUSING.release()
+        refuse(client, frame)
 
 
 class Server:
@@ -186,7 +212,7 @@ class Server:
         with self.conns_lock:
             full = len(self.conns) >= MAX_CONNECTIONS
         if full:
-            refuse(client, error(None, Busy("busy: too many connections")))
+            refuse_later(client, error(None, Busy("busy: too many connections")))
             return
         conn = Connection(client, idle_timeout=IDLE_TIMEOUT, frame_timeout=test_hooks.seconds("FRAME", FRAME_TIMEOUT),
                           send_timeout=test_hooks.seconds("SEND", SEND_TIMEOUT))

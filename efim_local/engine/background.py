@@ -250,14 +250,15 @@ def warm_steps(engine, path: str, text: str, cursor: int | None, should_stop):
             yield from prefill_steps(engine, path, text, cursor, should_stop)
 
 
-def top_steps(engine, path: str, text: str, should_stop=None):
+def top_steps(engine, path: str, text: str, should_stop=None, lead: tuple[int, ...] | None = None):
     """A file opened before any cursor is known: compute the head that every plan on the file's first
     window starts with: the markers, then the file from its top, as far as a prefix reaches there
     (three quarters of a slot's room; a smaller file: all of it). The first request anywhere in that
     window then finds its prefix up to the cursor's line cached, less the lines typed since. (A plan
     at the file's end, as before, spent its first budget on the file's last lines, and a file bigger
-    than a slot had its last window computed: of no use to a cursor near the top.)"""
-    planner = engine.planner_for(engine.session(path))
+    than a slot had its last window computed: of no use to a cursor near the top.) ``lead``: the
+    repository context the file's plans will start with (repoctx.py), else the session's."""
+    planner = engine.planner_with(lead) if lead is not None else engine.planner_for(engine.session(path))
     space = planner.space(engine.config.max_tokens)
     prefix = planner.tokenize(text)[:space * 3 // 4]
     if prefix:

@@ -342,6 +342,14 @@ def rebuild_steps(engine, path: str, should_stop=None):
     lead = repo.render(project, t0, t1, rel, imports_fingerprint(text), gen)
     repo.remember(path, lead, project, t0, t1, rel)
     session = f.session
+    if session is not None and session.anchor is None and session.lead != lead.tokens:
+        # A file opened, no request yet: warm its top after the lead, so that its first request, which
+        # adopts a lead whose KV is at hand (adopt()), finds it, and its prefix's head after it.
+        from .background import interruptible_planning, top_steps
+
+        with interruptible_planning(engine.planner, should_stop):  # a request never waits for the tokenizer
+            yield from top_steps(engine, path, text, should_stop, lead=lead.tokens)
+        return
     if session is None or session.lead == lead.tokens or session.anchor is None:
         return  # (a new session adopts it when its KV is at hand)
     bos = engine.planner.markers.bos

@@ -74,6 +74,7 @@ def flood(t: Target) -> str:
             s.connect(str(t.sock))
             s.close()
         with Raw(t.sock, 10) as c:
+            time.sleep(0.2)  # the daemon has refused it before it sends (as an editor slower to send would)
             try:
                 r = c.exchange("status")
             except (ConnectionResetError, BrokenPipeError) as e:
