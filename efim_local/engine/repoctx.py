@@ -37,6 +37,7 @@ from ..repo import RepoContext, Tier, TierStore, make_tier
 from ..repo.discover import ignored
 from ..repo.parse import EXTENSIONS
 from ..request import Options
+from .background import interruptible_planning, top_steps
 from .run import RunOptions, run_steps
 
 log = logging.getLogger("efim.engine")
@@ -345,8 +346,6 @@ def rebuild_steps(engine, path: str, should_stop=None):
     if session is not None and session.anchor is None and session.lead != lead.tokens:
         # A file opened, no request yet: warm its top after the lead, so that its first request, which
         # adopts a lead whose KV is at hand (adopt()), finds it, and its prefix's head after it.
-        from .background import interruptible_planning, top_steps
-
         with interruptible_planning(engine.planner, should_stop):  # a request never waits for the tokenizer
             yield from top_steps(engine, path, text, should_stop, lead=lead.tokens)
         return
