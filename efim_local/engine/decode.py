@@ -95,9 +95,6 @@ class Decoder:
                 self.batch_span = (t, t + ms / 1e3) if ms else None
             try:
                 self.decode(slot, self.interruptible)  # interrupted: slot.tokens still says what it holds
-            except Interrupted as e:
-                e.lost_s = time.perf_counter() - t  # the work dropped with the batch
-                raise
             finally:
                 self.batch_span = None
             if self.observe is not None:
@@ -112,12 +109,17 @@ class Decoder:
 
     def decode(self, slot: Slot, interruptible: bool = False) -> None:
         """Decode the batch; on a full KV cache evict other slots (LRU first) and retry.
-        ``interruptible`` (prompt batches of background work): a request stops it (Interrupted)."""
+        ``interruptible`` (background work's batches): a request stops it (Interrupted, with the
+        seconds of work dropped with the batch)."""
         if self.fit is not None:
             self.fit()
+        t = time.perf_counter()
         while True:
             try:
                 return self.ctx.decode(self.batch, interruptible)
+            except Interrupted as e:
+                e.lost_s = time.perf_counter() - t
+                raise
             except NoKvSlot:
                 victim = self.slots.lru(exclude={slot.seq})
                 if victim is None:
@@ -249,12 +251,7 @@ class Decoder:
             self.batch.extend(part, have, slot.seq)
             if have + len(part) == n:
                 self.batch.raw.logits[len(part) - 1] = True
-            t = time.perf_counter()
-            try:  # background work's (the continuation computed ahead): a request that comes stops it
-                self.decode(slot, self.interruptible)
-            except Interrupted as e:
-                e.lost_s = time.perf_counter() - t
-                raise
+            self.decode(slot, self.interruptible)  # background work's (the continuation computed ahead)
             have += len(part)
             slot.tokens = seq[:have]
         return self.batch.raw.n_tokens - 1

@@ -349,8 +349,8 @@ def rebuild_steps(engine, path: str, should_stop=None):
         with interruptible_planning(engine.planner, should_stop):  # a request never waits for the tokenizer
             yield from top_steps(engine, path, text, should_stop, lead=lead.tokens)
         return
-    if session is None or session.lead == lead.tokens or session.anchor is None:
-        return  # (a new session adopts it when its KV is at hand)
+    if session is None or session.lead == lead.tokens:
+        return
     bos = engine.planner.markers.bos
     head = (*bos, *lead.tokens[:lead.t0])
     if project.t0_done != lead.t0_digest:  # the T0 head alone: its own saved state, shared by every file
