@@ -2,13 +2,16 @@
 
 Each held-out repository (a git mirror, e.g. from the search tool's `fetch` into /work/.mirror) is
 exported at one commit into a temporary directory (`git archive`; nothing is committed). Cursors are
-line starts of Python files: the prompt holds the last --file-tokens tokens of the file before the
-line (the same in both conditions) and the scored target is the whole line. Conditions:
+line starts of Python files: the prompt holds the file from a line start at least --file-tokens tokens
+before the line (the start is aligned to --align lines, so that the cursors of a file share their KV;
+the same window in both conditions) and the scored target is the whole line. Conditions:
 
 - file: the repository name and the file's header (path), then the file window;
-- ctx:  the same with T0 (project map, the scored file left out) and T1 (what the file uses from other
-        files, computed on the file without the scored line) in between, in the model's repository
-        format (plain-text comments for models without repository tokens, e.g. gemma3-270m).
+- ctx:  the same with T0 (the project map, the same for every file as in the daemon; the scored file's
+        own lines are left out of it when it is in the map, so that no line is scored from itself) and
+        T1 (what the file uses from other files, computed on the file without the scored line, as the
+        buffer is before the line is typed) in between, in the model's repository format (plain-text
+        comments for models without repository tokens, e.g. gemma3-270m).
 
 Two sets: "cross" (lines that refer to a name imported from another project file; import lines
 excluded) and "all" (any non-blank line). Reported: bits per character of each condition and the paired
@@ -37,7 +40,7 @@ from efim_local.bench.subtoken import bootstrap
 from efim_local.config import ContextParams
 from efim_local.llama import Batch, Context, Model
 from efim_local.prompt.repo_format import render, repo_format, tokenize_segments
-from efim_local.repo import RepoIndex, TierLimits, cross_file_names, file_context, project_map
+from efim_local.repo import RepoIndex, Tier, TierLimits, cross_file_names, file_context, project_map
 
 REPOS = ["encode/starlette", "encode/httpx", "pallets/flask", "fastapi/typer"]
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,10 +48,13 @@ ap.add_argument("--repos", nargs="*", default=REPOS, help="owner/name (under --m
 ap.add_argument("--mirrors", default="/work/.mirror")
 ap.add_argument("--commit", default="HEAD")
 ap.add_argument("--per-set", type=int, default=200, help="cursors per set, split evenly over repositories")
-ap.add_argument("--file-tokens", type=int, default=256, help="tokens of the file before the line (both conditions)")
+ap.add_argument("--file-tokens", type=int, default=256, help="at least this many tokens of the file before the line")
+ap.add_argument("--align", type=int, default=16, help="the window starts at a multiple of this many lines")
 ap.add_argument("--suffix-tokens", type=int, default=64, help="tokens after the line (--mode em)")
-ap.add_argument("--t0-chars", type=int, default=2000)
-ap.add_argument("--t1-chars", type=int, default=2500)
+ap.add_argument("--t0-chars", type=int, default=TierLimits.t0_chars)
+ap.add_argument("--t1-chars", type=int, default=TierLimits.t1_chars)
+ap.add_argument("--t1-first-lines", type=int, default=TierLimits.t1_first_lines)
+ap.add_argument("--t1-snippet-chars", type=int, default=TierLimits.t1_snippet_chars)
 ap.add_argument("--max-line", type=int, default=160)
 ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--shard", default="0/1", help="K/N: this process scores the files with hash % N == K")
@@ -56,7 +62,7 @@ ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--mode", choices=("bpc", "em"), default="bpc")
 ap.add_argument("--model", default="gemma", help="'gemma' or a GGUF path (--mode em: a FIM model)")
 ap.add_argument("--name", default=None, help="results directory name (default: from --model and --mode)")
-ap.add_argument("--t1-only", action=argparse.BooleanOptionalAction, default=True,
+ap.add_argument("--t1-only", action=argparse.BooleanOptionalAction, default=False,
                 help="also score T1 alone (no project map), a third condition")
 ap.add_argument("--report", action="store_true", help="summarise the saved results, score nothing")
 args = ap.parse_args()
@@ -156,9 +162,10 @@ for repo in args.repos:
             picked.setdefault(c, {"cross": False, "all": False})[set_name] = True
     print(f"{short} {sha[:12]}: {len(index.files)} files, {len(every)} lines, {len(cross)} cross-file lines")
     cursors += [(c, flags) for c, flags in picked.items()]
-# Files in a pseudo-random order (lines in order within a file: its prompts share their KV), so that a
-# partial run is a sample of every repository, not the first ones.
-cursors.sort(key=lambda cf: (zlib.crc32(f"{cf[0][0]}/{cf[0][1]}".encode()), cf[0][2]))
+# Repositories in turn (their T0 is the shared head of every prompt), files in a pseudo-random order
+# within each (lines in order within a file: its prompts share their KV).
+order = {short: k for k, short in enumerate(repos)}
+cursors.sort(key=lambda cf: (order[cf[0][0]], zlib.crc32(f"{cf[0][0]}/{cf[0][1]}".encode()), cf[0][2]))
 cursors = [cf for cf in cursors if zlib.crc32(f"{cf[0][0]}/{cf[0][1]}".encode()) % n_shard == k_shard]
 out_dir.mkdir(parents=True, exist_ok=True)
 out_file = out_dir / f"shard-{k_shard}-of-{n_shard}.jsonl"
@@ -231,18 +238,38 @@ class Seq:
         return out.split(b"\n")[0].decode("utf-8", "replace")
 
 
-def window(text: str, n: int, tail: bool) -> tuple[str, list[int]]:
-    """At most ``n`` tokens of ``text``'s end (or start), and the text they were cut from."""
-    piece = text[-8 * n:] if tail else text[:8 * n]
-    toks = model.tokenize(piece)
-    if len(piece) < len(text):
-        toks = toks[1:] if tail else toks[:-1]
-    return piece, (toks[-n:] if tail else toks[:n])
+def window(text: str, lines: list[str], i: int, n: int, tail: bool) -> tuple[str, list[int]]:
+    """The file before line ``i`` from an aligned line start at least ``n`` tokens back (tail), or at
+    most ``n`` tokens of ``text``'s start; and the text they were cut from."""
+    if not tail:
+        piece = text[:8 * n]
+        toks = model.tokenize(piece)
+        return piece, (toks[:-1] if len(piece) < len(text) else toks)[:n]
+    first, count = i, 0
+    while first > 0 and count < n:  # per-line counts: an estimate of where the window must start
+        first -= 1
+        count += len(model.tokenize(lines[first] + "\n"))
+    first -= first % args.align
+    piece = "".join(line + "\n" for line in lines[first:i])
+    return piece, model.tokenize(piece)
+
+
+def t0_for(short: str, rel: str) -> Tier:
+    """The repository's T0; without ``rel``'s lines when ``rel`` is in the map (cached per file)."""
+    key = (short, "")
+    if key not in t0_cache:
+        t0_cache[key] = project_map(repos[short][0], limits)
+    if rel in {p.path for p in t0_cache[key].pieces}:
+        if (short, rel) not in t0_cache:
+            t0_cache[(short, rel)] = project_map(repos[short][0], limits, exclude=rel)
+        return t0_cache[(short, rel)]
+    return t0_cache[key]
 
 
 seqs = (Seq(0), Seq(1), Seq(2))
 t0_cache: dict = {}
-limits = TierLimits(t0_chars=args.t0_chars, t1_chars=args.t1_chars)
+limits = TierLimits(t0_chars=args.t0_chars, t1_chars=args.t1_chars, t1_first_lines=args.t1_first_lines,
+                    t1_snippet_chars=args.t1_snippet_chars)
 t_start = time.perf_counter()
 with out_file.open("a") as out:
     for k, ((short, rel, i, start), flags) in enumerate(todo):
@@ -252,15 +279,12 @@ with out_file.open("a") as out:
         eol = text.find("\n", start)
         eol = len(text) if eol < 0 else eol
         line = text[start:eol]
-        if (short, rel) not in t0_cache:
-            t0_cache.clear()
-            t0_cache[(short, rel)] = project_map(index, limits, exclude=rel)
-        t0 = t0_cache[(short, rel)]
+        t0 = t0_for(short, rel)
         t1 = file_context(index, rel, (text[:start] + text[eol + 1:]).encode(), limits)
         heads = {"file": render(fmt, short, [], rel), "ctx": render(fmt, short, [t0.pieces, t1.pieces], rel),
                  "t1": render(fmt, short, [t1.pieces], rel)}
         heads = {c: list(BOS) + tokenize_segments(s, model) for c, s in heads.items()}
-        piece, prefix = window(text[:start], args.file_tokens, tail=True)
+        piece, prefix = window(text, text.split("\n"), i, args.file_tokens, tail=True)
         rec = {"id": f"{short}:{rel}:{i}", "repo": short, "commit": sha, "path": rel, "line": i, **flags,
                "chars": len(line), "t0_chars": t0.chars, "t1_chars": t1.chars,
                "ctx_tokens": len(heads["ctx"]) + len(prefix), "file_tokens": len(heads["file"]) + len(prefix)}
@@ -276,7 +300,7 @@ with out_file.open("a") as out:
                 rec["bits_t1"] = seqs[2].bits(heads["t1"] + prefix, target)
         else:
             m = template.markers
-            _, suffix = window(text[eol:], args.suffix_tokens, tail=False)
+            _, suffix = window(text[eol:], [], 0, args.suffix_tokens, tail=False)
             for cond, seq in (("file", seqs[0]), ("ctx", seqs[1])):
                 body = (list(m.pre) + prefix + list(m.suf) + suffix if m.order == "psm"
                         else list(m.suf) + suffix + list(m.pre) + prefix) + list(m.mid)

@@ -1,4 +1,5 @@
-"""The daemon's methods: complete, didOpen, didChange, didClose, cursor, cancel, status, accepted, shutdown.
+"""The daemon's methods: complete, didOpen, didChange, didClose, cursor, definitions, cancel, status,
+accepted, shutdown.
 
 Each handler validates its params (one-line ``InvalidParams`` errors), then
 either answers at once or hands a job to the engine thread (``worker.py``).
@@ -37,7 +38,7 @@ class Handlers:
     def table(self) -> dict:
         return {"complete": self.complete, "didOpen": self.did_open, "didChange": self.did_change,
                 "didClose": self.did_close, "cursor": self.cursor, "cancel": self.cancel, "status": self.status,
-                "shutdown": self.shutdown, "accepted": self.accepted,
+                "shutdown": self.shutdown, "accepted": self.accepted, "definitions": self.definitions,
                 "clearCache": self.clear_cache, **test_hooks.methods(self)}
 
     def complete(self, conn: Connection, msg: Message):
@@ -85,7 +86,31 @@ class Handlers:
         with self.engine.files.lock:
             self.documents.get(path).cursor = cursor
         self.warm_later(path, cursor)
+        repo = self.engine.repo
+        if repo is not None:  # a visited range (T2 of the project's other files); this file's T2 may be stale
+            repo.visit(path)
+            if repo.stale(path):
+                self.worker.repo_later(path)
         return {"path": path, "offset": cursor}
+
+    def definitions(self, conn, msg):
+        """Where the editor's language server resolved the names an open document imports: they join
+        its repository context (T1), rebuilt while idle."""
+        p = msg.params
+        path = path_param(p)
+        self.documents.text(path)  # an open document
+        locs = param(p, "definitions", list)
+        if len(locs) > 256:
+            raise InvalidParams("invalid params: at most 256 definitions")
+        pairs = []
+        for loc in locs:
+            if not isinstance(loc, dict):
+                raise InvalidParams("invalid params: each definition must be an object")
+            pairs.append((name_param(loc, "path"), param(loc, "line", int, lo=0, hi=1 << 24)))
+        changed, kept = self.engine.repo.set_definitions(path, pairs) if self.engine.repo else (False, 0)
+        if changed:
+            self.worker.repo_later(path)
+        return {"path": path, "definitions": kept}
 
     def cancel(self, conn, msg):
         rid = msg.params.get("id")

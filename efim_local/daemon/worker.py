@@ -147,8 +147,10 @@ class Worker:
     def _repo_check(self, path: str | None) -> None:
         """After a request: rebuild the file's repository context if its imports or the project changed."""
         try:
-            if self.engine.repo is not None and self.engine.repo.stale(path):
-                self.repo_later(path)
+            if self.engine.repo is not None:
+                self.engine.repo.visit(path)  # where the user works: T2 of the project's other files
+                if self.engine.repo.stale(path):
+                    self.repo_later(path)
         except Exception:  # noqa: BLE001 - optional work never fails the engine thread
             log.exception("repository context check failed")
 

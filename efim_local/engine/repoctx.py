@@ -1,8 +1,9 @@
 """Repository context in plans (issue 25): a stable lead before every plan of a file.
 
 A file's plans start with ``BOS + lead``: the repository's head and T0 (the project map, the same
-tokens for every file of the project), then T1 (what this file uses from other files), then the file's
-own header, in the model family's repository format (``prompt/repo_format.py``). The planner takes the
+tokens for every file of the project), then T1 (what this file uses from other files), then T2 (where
+the user worked lately in other files: ``recent.py``), then the file's own header, in the model
+family's repository format (``prompt/repo_format.py``). The planner takes the
 lead as part of its BOS marker (``Engine.planner_for``), so it is never trimmed, its KV is reused like
 the file's prefix, and a keystroke never prefills it:
 
@@ -12,20 +13,20 @@ the file's prefix, and a keystroke never prefills it:
   parsing are bounded but may take a second), prefills the T0 head alone once (a state of its own,
   saved content-addressed: a restart restores it), then the file's current plan with the new lead.
   Only then does the session switch to the new lead and anchor; its next plan reports ``repo_context``;
-- T1 is recomputed when the file's import lines change or a save in the project changed definitions
-  (``stale``, a cheap test after each request), never on a keystroke.
+- T1 is recomputed when the file's import lines change, a save in the project changed definitions or
+  the editor sent other definitions; T2 when the user worked in another file (``stale``, a cheap test
+  after each request and settled cursor), never on a keystroke.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +35,11 @@ from ..errors import Cancelled, EfimError
 from ..prompt.planner import REPO_CONTEXT, FileSession
 from ..prompt.repo_format import current_file, file_pieces, repo_format, repo_head, tokenize_segments
 from ..repo import RepoContext, Tier, TierStore, make_tier
-from ..repo.discover import ignored
+from ..repo.discover import git_root, ignored, imports_fingerprint
 from ..repo.parse import EXTENSIONS
 from ..request import Options
 from .background import interruptible_planning, top_steps
+from .recent import EMPTY_T2, BlockKey, Recent
 from .run import RunOptions, run_steps
 
 log = logging.getLogger("efim.engine")
@@ -48,29 +50,10 @@ POLL = 0.005  # seconds between should_stop() polls while the helper thread work
 EMPTY_T1 = make_tier("t1", ())
 
 
-def imports_fingerprint(text: str) -> str:
-    """A hash of the lines that may import something (a cheap test after each request: T1 is only
-    recomputed when it changes; the parser decides what the lines mean). A line that opens a
-    bracket after ``import`` takes the lines up to the closing one (Python, Go, JS blocks)."""
-    h = hashlib.sha1()
-    block = None
-    for line in text.splitlines():
-        s = line.strip()
-        if block is not None:
-            h.update(s.encode("utf-8", "surrogatepass") + b"\n")
-            if block in s:
-                block = None
-            continue
-        if ("import" in s or "require(" in s or s.startswith(("from ", "package ", "#include", "use "))):
-            h.update(s.encode("utf-8", "surrogatepass") + b"\n")
-            if s.endswith(("(", "{")):
-                block = ")" if s.endswith("(") else "}"
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class Lead:
-    """A file's lead tokens: ``t0`` of them the repository head and T0, ``t1`` T1, the rest its header."""
+    """A file's lead tokens: ``t0`` of them the repository head and T0, ``t1`` T1, ``t2`` T2, the rest
+    its header."""
 
     tokens: tuple[int, ...]
     t0: int
@@ -78,15 +61,19 @@ class Lead:
     t0_digest: str
     fp: str = ""  # the import fingerprint it was computed for ("": restored from disk)
     gen: int = -1  # the project's generation it was computed in
+    t2: int = 0
+    recent: BlockKey = ()  # the blocks its T2 was computed for
+    defs: tuple = ()  # the editor's definitions its T1 was computed with
 
     def t0_only(self) -> tuple[int, ...]:
-        return self.tokens[:self.t0] + self.tokens[self.t0 + self.t1:]
+        return self.tokens[:self.t0] + self.tokens[self.t0 + self.t1 + self.t2:]
 
     def report(self, tokens: tuple[int, ...]) -> dict:
         """Tokens per tier of ``tokens`` (this lead or its T0-only form)."""
-        t1 = self.t1 if len(tokens) == len(self.tokens) else 0
-        return {"t0_tokens": self.t0, "t1_tokens": t1, "file_tokens": len(tokens) - self.t0 - t1,
-                "tokens": len(tokens)}
+        full = len(tokens) == len(self.tokens)
+        t1, t2 = (self.t1, self.t2) if full else (0, 0)
+        return {"t0_tokens": self.t0, "t1_tokens": t1, "t2_tokens": t2,
+                "file_tokens": len(tokens) - self.t0 - t1 - t2, "tokens": len(tokens)}
 
 
 @dataclass
@@ -96,18 +83,7 @@ class Project:
     future: Future | None = None  # the RepoContext being built
     gen: int = 0  # bumped when a save changed definitions or imports
     t0_done: str = ""  # the T0 digest whose head was prefilled alone (its state saved)
-
-
-def git_root(directory: str) -> str | None:
-    """The nearest directory at or above ``directory`` that holds ``.git``."""
-    d = directory
-    while True:
-        if os.path.exists(os.path.join(d, ".git")):
-            return d
-        up = os.path.dirname(d)
-        if up == d:
-            return None
-        d = up
+    recent: Recent = field(default_factory=Recent)  # T2's blocks, the editor's definitions
 
 
 class RepoLeads:
@@ -164,19 +140,23 @@ class RepoLeads:
             return None
 
     # -- leads --------------------------------------------------------------------------------
-    def render(self, project: Project, t0: Tier, t1: Tier, rel: str, fp: str = "", gen: int = -1) -> Lead:
+    def render(self, project: Project, t0: Tier, t1: Tier, rel: str, fp: str = "", gen: int = -1,
+               t2: Tier = EMPTY_T2, recent: BlockKey = (), defs: tuple = ()) -> Lead:
         """The lead of file ``rel`` from its tiers (each tier tokenized on its own: T0's tokens are
-        the same for every file). T1, then T0, is left out when the lead would take more than half
-        the slot."""
+        the same for every file). T2, then T1, then T0, is left out when the lead would take more
+        than half the slot."""
         vocab = self.engine.model
         head = tokenize_segments(repo_head(self.fmt, project.name) + file_pieces(self.fmt, t0.pieces), vocab)
         mid = tokenize_segments(file_pieces(self.fmt, t1.pieces), vocab)
+        vol = tokenize_segments(file_pieces(self.fmt, t2.pieces), vocab) if t2.pieces else []
         tail = tokenize_segments(current_file(self.fmt, rel), vocab)
+        if len(head) + len(mid) + len(vol) + len(tail) > self.max_lead:
+            vol = []
         if len(head) + len(mid) + len(tail) > self.max_lead:
             mid = []
         if len(head) + len(tail) > self.max_lead:
             head = tokenize_segments(repo_head(self.fmt, project.name), vocab)
-        return Lead(tuple(head + mid + tail), len(head), len(mid), t0.digest, fp, gen)
+        return Lead(tuple(head + mid + vol + tail), len(head), len(mid), t0.digest, fp, gen, len(vol), recent, defs)
 
     def known(self, project: Project, path: str) -> Lead | None:
         """The lead last computed for ``path``, else the one its saved tiers give (after a restart)."""
@@ -210,7 +190,7 @@ class RepoLeads:
         bos = self.engine.planner.markers.bos
         # A sliding-window model's saved state ends a token short of its prompt (its checkpoint).
         slack = 1 if self.engine.swa else 0
-        for tokens, tiers in ((lead.tokens, lead.t0 + lead.t1), (lead.t0_only(), lead.t0)):
+        for tokens, tiers in ((lead.tokens, lead.t0 + lead.t1 + lead.t2), (lead.t0_only(), lead.t0)):
             if self.cached((*bos, *tokens[:tiers])) >= len(bos) + tiers - slack:
                 self.use(session, path, lead, tokens)
                 return
@@ -236,11 +216,12 @@ class RepoLeads:
             used = self.used.get(path)
         if used is not None and used[0] == lead_tokens and lead_tokens:
             return dict(used[1])
-        return {"t0_tokens": 0, "t1_tokens": 0, "file_tokens": 0, "tokens": len(lead_tokens)}
+        return {"t0_tokens": 0, "t1_tokens": 0, "t2_tokens": 0, "file_tokens": 0, "tokens": len(lead_tokens)}
 
     def stale(self, path: str | None) -> bool:
         """Whether ``path``'s lead must be (re)computed or switched to: none yet, its import lines
-        changed, a save changed the project, or its session does not use it yet."""
+        changed, a save changed the project, the editor's definitions or T2's blocks changed, or its
+        session does not use it yet."""
         project = self.project_for(path)
         f = self.engine.files.get(path) if project is not None else None
         if f is None or f.text is None:
@@ -248,6 +229,8 @@ class RepoLeads:
         with self.lock:
             lead = self.leads.get(path)
         if lead is None or lead.gen != project.gen or lead.fp != imports_fingerprint(f.text):
+            return True
+        if lead.defs != project.recent.definitions(path) or lead.recent != project.recent.key(path):
             return True
         return f.session is not None and f.session.lead != lead.tokens and len(lead.tokens) > 0
 
@@ -272,6 +255,28 @@ class RepoLeads:
         with self.lock:
             project.gen += 1
         return [p for p in self.engine.files.open_paths() if p != path and self.project_for(p) is project]
+
+    def visit(self, path: str | None) -> None:
+        """The user worked in ``path`` at its last cursor (an answered request, a settled cursor):
+        its block joins T2 of the project's other files."""
+        project = self.project_for(path)
+        f = self.engine.files.get(path) if project is not None else None
+        if f is not None and f.open and f.text is not None and f.cursor is not None:
+            project.recent.visit(path, f.text, f.cursor, f.version)
+
+    def set_definitions(self, path: str, locations) -> tuple[bool, int]:
+        """The definitions the editor resolved for ``path`` ((absolute file, 0-based line) pairs; those
+        of other projects are left out): whether they changed (its lead is then stale), and how many
+        are kept."""
+        project = self.project_for(path)
+        if project is None:
+            return False, 0
+        inside = [(p, line) for p, line in locations if self.project_for(p) is project]
+        return project.recent.set_definitions(path, inside), len(project.recent.definitions(path))
+
+    def open_text(self, path: str) -> str | None:
+        f = self.engine.files.get(path)
+        return f.text if f is not None and f.open else None
 
     def remember(self, path: str, lead: Lead, project: Project, t0: Tier, t1: Tier, rel: str) -> None:
         with self.lock:
@@ -338,9 +343,13 @@ def rebuild_steps(engine, path: str, should_stop=None):
     rel = repo.rel(project, path)
     if f is None or f.text is None or rel is None:
         return
-    text, gen = f.text, project.gen
-    t0, t1 = yield from wait(repo.pool.submit(lambda: (ctx.t0(), ctx.t1(rel, text))), should_stop)
-    lead = repo.render(project, t0, t1, rel, imports_fingerprint(text), gen)
+    text, gen, recent = f.text, project.gen, project.recent
+    defs = recent.definitions(path)
+    extra = tuple((r, line) for r, line in ((repo.rel(project, p), line) for p, line in defs) if r is not None)
+    t0, t1 = yield from wait(repo.pool.submit(lambda: (ctx.t0(), ctx.t1(rel, text, extra))), should_stop)
+    blocks = recent.key(path)
+    t2 = recent.tier(blocks, repo.open_text, lambda p: repo.rel(project, p))
+    lead = repo.render(project, t0, t1, rel, imports_fingerprint(text), gen, t2, blocks, defs)
     repo.remember(path, lead, project, t0, t1, rel)
     session = f.session
     if session is not None and session.anchor is None and session.lead != lead.tokens:

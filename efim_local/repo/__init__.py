@@ -37,7 +37,7 @@ class RepoContext:
         self.tier_limits = tier_limits or TierLimits()
         self._lock = threading.Lock()
         self._t0: Tier | None = None
-        self._t1: dict[tuple[str, str], Tier] = {}
+        self._t1: dict[tuple, Tier] = {}
 
     @property
     def name(self) -> str:
@@ -58,14 +58,15 @@ class RepoContext:
                 self._t0 = project_map(self.index, self.tier_limits)
             return self._t0
 
-    def t1(self, rel: str, source: bytes | str) -> Tier:
-        """Definitions file ``rel`` (content ``source``, the editor's buffer) uses from other files."""
+    def t1(self, rel: str, source: bytes | str, extra: tuple[tuple[str, int], ...] = ()) -> Tier:
+        """Definitions file ``rel`` (content ``source``, the editor's buffer) uses from other files;
+        ``extra``: (file, line) of definitions the editor's language server resolved for it."""
         data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else source
-        key = (rel, hashlib.sha256(data).hexdigest())
+        key = (rel, hashlib.sha256(data).hexdigest(), extra)
         with self._lock:
             tier = self._t1.get(key)
             if tier is None:
-                tier = file_context(self.index, rel, data, self.tier_limits)
+                tier = file_context(self.index, rel, data, self.tier_limits, extra)
                 if len(self._t1) > 256:
                     self._t1.clear()
                 self._t1[key] = tier

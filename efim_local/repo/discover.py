@@ -6,6 +6,7 @@ bytes per file, total bytes, seconds. Nothing outside the root is read, whatever
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import subprocess
 import time
@@ -152,3 +153,35 @@ def discover(root: str | os.PathLike, limits: Limits = Limits(), suffixes: tuple
         found.files.append(rel)
         found.sizes[rel] = st.st_size
     return found
+
+
+def git_root(directory: str) -> str | None:
+    """The nearest directory at or above ``directory`` that holds ``.git``."""
+    d = directory
+    while True:
+        if os.path.exists(os.path.join(d, ".git")):
+            return d
+        up = os.path.dirname(d)
+        if up == d:
+            return None
+        d = up
+
+
+def imports_fingerprint(text: str) -> str:
+    """A hash of the lines that may import something (a cheap test after each request: T1 is only
+    recomputed when it changes; the parser decides what the lines mean). A line that opens a
+    bracket after ``import`` takes the lines up to the closing one (Python, Go, JS blocks)."""
+    h = hashlib.sha1()
+    block = None
+    for line in text.splitlines():
+        s = line.strip()
+        if block is not None:
+            h.update(s.encode("utf-8", "surrogatepass") + b"\n")
+            if block in s:
+                block = None
+            continue
+        if ("import" in s or "require(" in s or s.startswith(("from ", "package ", "#include", "use "))):
+            h.update(s.encode("utf-8", "surrogatepass") + b"\n")
+            if s.endswith(("(", "{")):
+                block = ")" if s.endswith("(") else "}"
+    return h.hexdigest()

@@ -4,7 +4,8 @@
   one line each, like a stub file. It depends only on definitions' headers, so editing a body leaves
   it (and its digest) unchanged.
 - T1 (per file): the definitions a file uses from other project files (its imports that it refers
-  to), each as its header and first lines; a class also lists its methods' headers.
+  to, and the locations an editor's language server resolved for it: ``extra``), each as its header
+  and first lines; a class also lists its methods' headers.
 
 Both are deterministic (sorted by path, then line), bounded in characters, and content-addressed: the
 digest is a hash of the pieces, so a tier can be saved, restored and compared across restarts.
@@ -168,13 +169,29 @@ def used_targets(index: RepoIndex, rel: str, source: bytes) -> dict[Target, int]
     return out
 
 
-def file_context(index: RepoIndex, rel: str, source: bytes | str, limits: TierLimits = TierLimits()) -> Tier:
+def located(index: RepoIndex, rel: str, line: int) -> Target | None:
+    """The innermost definition of project file ``rel`` that spans ``line`` (0-based): where an
+    editor's "go to definition" landed. None when the file is not in the index or no definition
+    spans the line."""
+    sym = index.files.get(rel)
+    spans = [d for d in sym.definitions if d.line <= line <= d.end_line] if sym is not None else []
+    return Target(rel, max(spans, key=lambda d: d.line)) if spans else None
+
+
+def file_context(index: RepoIndex, rel: str, source: bytes | str, limits: TierLimits = TierLimits(),
+                 extra: tuple[tuple[str, int], ...] = ()) -> Tier:
     """T1 for file ``rel`` with content ``source``: the most used imported definitions that fit
-    ``limits.t1_chars``, grouped by file in path order, definitions in line order."""
+    ``limits.t1_chars``, grouped by file in path order, definitions in line order. ``extra``:
+    (file, line) locations of definitions the editor resolved (LSP), each counted as one use."""
     if isinstance(source, str):
         source = source.encode("utf-8", "surrogateescape")
     lines = _Lines(index)
-    ranked = sorted(used_targets(index, rel, source).items(),
+    counts = used_targets(index, rel, source)
+    for path, line in extra:
+        t = located(index, path, line) if path != rel else None
+        if t is not None:
+            counts[t] = counts.get(t, 0) + 1
+    ranked = sorted(counts.items(),
                     key=lambda kv: (-kv[1], kv[0].path, kv[0].definition.line))
     picked: list[tuple[str, int, str]] = []
     used = 0

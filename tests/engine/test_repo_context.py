@@ -15,7 +15,7 @@ from efim_local.engine.repoctx import imports_fingerprint, rebuild_steps
 from efim_local.kv.settings import store_config
 from efim_local.request import Options
 
-from tests.helpers import REPO_APP as APP, REPO_GEOMETRY as GEOMETRY, make_repo, small_config
+from tests.helpers import REPO_APP as APP, REPO_GEOMETRY as GEOMETRY, REPO_UTIL, make_repo, small_config
 
 
 @pytest.fixture
@@ -149,6 +149,57 @@ def test_a_save_that_changes_a_definition_rebuilds_the_files_that_use_it(engine,
     assert engine.repo.stale(str(app))
     settle(engine, app)
     assert "squared: bool = False" in lead_text(engine, app)
+
+
+def open_doc(engine, path: Path, text: str, version: int) -> None:
+    """What the daemon's didOpen/didChange do to the engine's files: an editor syncs the text."""
+    f = engine.files.entry(str(path))
+    f.text, f.version, f.open = text, version, True
+
+
+def test_work_in_another_file_joins_t2_and_editor_definitions_join_t1(engine, reference, repo):
+    app, geo, util = repo / "app.py", repo / "pkg" / "geometry.py", repo / "pkg" / "util.py"
+    cursor = APP.index("    return total")
+    open_doc(engine, app, APP, 1)
+    ask(engine, app, APP, cursor)
+    settle(engine, app)
+    assert engine.session(str(app)).lead and "farthest" not in lead_text(engine, app)
+    assert ask(engine, app, APP, cursor).reanchor == "repo_context"
+    # The user works in geometry.py (unsaved text: only T2 can show it), then comes back.
+    geo_text = GEOMETRY + "\n\ndef farthest(points):\n    return max(points, key=Point.norm)\n"
+    open_doc(engine, geo, geo_text, 2)
+    ask(engine, geo, geo_text, geo_text.index("    return max"))
+    engine.repo.visit(str(geo))
+    old = engine.session(str(app)).lead
+    assert engine.repo.stale(str(app))
+    out = ask(engine, app, APP, cursor)  # the first request after the switch: the old plan serves
+    assert out.reanchor is None and engine.session(str(app)).lead == old and out.context["repo"]["t2_tokens"] == 0
+    engine.repo.visit(str(app))
+    settle(engine, app)
+    shown = lead_text(engine, app)
+    assert "def farthest(points):" in shown and shown.index("def farthest") > shown.index("def distance")  # T2 after T1
+    lead = engine.session(str(app)).lead
+    n_head = len(engine.planner.markers.bos) + len(lead)
+    out = ask(engine, app, APP, cursor)
+    assert out.reanchor == "repo_context" and out.tokens.evaluated <= 2 and out.context["repo"]["t2_tokens"] > 0
+    # Typing in app.py never changes its own T2: keystrokes reuse the whole lead and answer as cold runs.
+    for version, typed in enumerate(("    x", "    x = q", "    x = q.norm()\n    y"), 2):
+        text = APP[:cursor] + typed + APP[cursor:]
+        open_doc(engine, app, text, version)
+        out = ask(engine, app, text, cursor + len(typed))
+        engine.repo.visit(str(app))
+        assert not engine.repo.stale(str(app)) and out.tokens.cached >= n_head and out.reanchor != "repo_context"
+        cold = reference.run(out.prompt.tokens, Options(max_tokens=8), cold=True, closers=out.prompt.closers)
+        assert cold.text == out.text
+    # Where the editor's "go to definition" landed for app.py: lerp (app never imports it) joins T1.
+    lerp = REPO_UTIL[:REPO_UTIL.index("def lerp")].count("\n")
+    assert engine.repo.set_definitions(str(app), [(str(util), lerp), ("/elsewhere/x.py", 3)]) == (True, 1)
+    assert engine.repo.set_definitions(str(app), [(str(util), lerp)]) == (False, 1)
+    assert engine.repo.stale(str(app))
+    settle(engine, app)
+    assert "def lerp(a: float, b: float, t: float) -> float:\n    return a + (b - a) * t" in lead_text(engine, app)
+    out = ask(engine, app, text, cursor + len(typed))
+    assert out.reanchor == "repo_context" and out.tokens.evaluated <= 2
 
 
 def test_files_outside_a_git_tree_and_relative_paths_plan_file_only(engine, tmp_path):
