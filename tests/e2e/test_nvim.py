@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, Daemon
+from tests.helpers import REPO_GEOMETRY, ROOT, Daemon, make_repo
 
 pynvim = pytest.importorskip("pynvim")
 
@@ -783,6 +783,37 @@ def test_entering_a_file_and_moving_the_cursor_prefill_it(nv, relay, daemon, tmp
             s["path"] == str(src) and s["tokens"] > 500 for s in c.call("status")["slots"]), timeout=90)
         out = c.call("complete", {"path": str(src), "position": {"line": 200, "character": 4}, "max_tokens": 2})
     assert out["reanchor"] is None and out["cache_tier"] == "slot" and out["tokens"]["evaluated"] <= 2, out
+
+
+@every_neovim
+def test_definitions_of_imported_names_go_to_the_daemon(nv, relay, tmp_path):
+    """With a real language server attached (pylsp), the plugin asks "go to definition" for the names on
+    the buffer's import lines and sends the places in other files to the daemon (repository context)."""
+    pylsp = Path(sys.executable).parent / "pylsp"
+    if not pylsp.exists():
+        pytest.skip("pylsp is not installed (the test extras have it)")
+    repo = make_repo(tmp_path / "shapes")
+    app, geo = repo / "app.py", repo / "pkg" / "geometry.py"
+    nv.lua('require("efim").setup({ debounce_ms = 30 })')
+    nv.api.command(f"edit {app}")
+    nv.lua("""
+        local cmd, root = ...
+        local cfg = { name = "pylsp", cmd = { cmd }, root_dir = root }
+        if vim.lsp.start then vim.lsp.start(cfg) else vim.lsp.buf_attach_client(0, vim.lsp.start_client(cfg)) end
+    """, str(pylsp), str(repo))
+    assert wait_for(lambda: nv.lua("""
+        for _, c in pairs(vim.lsp.get_clients and vim.lsp.get_clients({ bufnr = 0 }) or vim.lsp.buf_get_clients(0)) do
+          if c.server_capabilities and c.server_capabilities.definitionProvider then return true end
+        end
+        return false"""), timeout=30), "pylsp did not start"
+    nv.api.command("write")  # (Neovim 0.8+ also sends on LspAttach)
+    assert wait_for(lambda: relay.methods("definitions"), timeout=30), "no definitions were sent"
+    params = relay.methods("definitions")[-1]["params"]
+    line = lambda text: REPO_GEOMETRY[:REPO_GEOMETRY.index(text)].count("\n")
+    assert params["path"] == str(app)
+    sent = {(d["path"], d["line"]) for d in params["definitions"]}
+    assert {(str(geo), line("class Point")), (str(geo), line("def distance"))} <= sent, sent
+    assert all(p != str(app) for p, _ in sent)
 
 
 @every_neovim

@@ -10,6 +10,7 @@
 -- incrementally (sync.lua), so files are warm in the daemon before the first key.
 local rpc = require("efim.rpc")
 local sync = require("efim.sync")
+local defs = require("efim.defs")
 local uv = vim.uv or vim.loop
 
 local M = {}
@@ -31,6 +32,7 @@ local defaults = {
   info_highlight = "NonText",
   filetypes = { help = false, markdown = false }, -- filetype -> enabled; "*": the rest (default true)
   unnamed = false, -- complete in buffers without a file name
+  definitions = true, -- send where the buffer's language servers define its imported names (repository context)
   root_markers = { ".git", ".hg", ".svn", "pyproject.toml", "package.json", "Cargo.toml", "go.mod" },
 }
 M.config = vim.deepcopy(defaults)
@@ -336,12 +338,21 @@ local function on_leave()
   cancel_request()
 end
 
+-- Where the buffer's language servers define the names it imports, to the daemon (defs.lua).
+local function send_definitions(ev)
+  local bufnr = ev and ev.buf or vim.api.nvim_get_current_buf()
+  if not M.config.definitions or not vim.api.nvim_buf_is_valid(bufnr) or not M.is_enabled(bufnr) then return end
+  local doc = sync.ensure(bufnr)
+  if doc then defs.send(bufnr, doc.path) end
+end
+
 -- A buffer was entered (or its filetype set): open it in the daemon, which prefills it when idle.
 local function on_enter(ev)
   local bufnr = ev and ev.buf or vim.api.nvim_get_current_buf()
   if bufnr ~= vim.api.nvim_get_current_buf() then return end
   if M.is_enabled(bufnr) then
     sync.ensure(bufnr)
+    vim.defer_fn(function() send_definitions({ buf = bufnr }) end, 500) -- language servers attach after BufEnter
   else
     sync.close(bufnr)
   end
@@ -433,6 +444,8 @@ function M.setup(opts)
   au({ "BufEnter", "FileType" }, on_enter)
   au({ "BufDelete", "BufWipeout" }, function(ev) sync.close(ev.buf) end)
   au("VimLeavePre", sync.close_all) -- the daemon holds at most 256 open documents
+  au("BufWritePost", send_definitions)
+  pcall(au, "LspAttach", send_definitions) -- (Neovim 0.8+)
   unmap_all()
   map(M.config.accept_key, M.accept, "accept the completion")
   map(M.config.accept_word_key, M.accept_word, "accept the next word of the completion")
