@@ -59,6 +59,7 @@ class Outcome:
     cancelled: bool = False
     context: dict = field(default_factory=dict)
     evaluated: int | None = None
+    cached: int | None = None  # efim: prompt tokens its KV held (the repository context's must be among them)
     reanchor: str | None = None
     wait_ms: float | None = None  # round trip less the backend's own time: queueing and IPC
     source: str | None = None  # efim: computed, type-through, accept or cache (docs/protocol.md)
@@ -124,7 +125,7 @@ class EfimEditor:
                     out.context, out.reanchor = e.data.get("context", {}), e.data.get("reanchor")
                     if "timings" in e.data:
                         out.t_first_derived = out.t_send + e.data["timings"]["prompt_ms"] / 1e3
-                        out.evaluated = e.data["tokens"]["evaluated"]
+                        out.evaluated, out.cached = e.data["tokens"]["evaluated"], e.data["tokens"]["cached"]
                 return
             finally:
                 self.running.pop(threading.get_ident(), None)
@@ -133,6 +134,7 @@ class EfimEditor:
         out.t_first_derived = out.t_done - tm["predict_ms"] / 1e3
         out.wait_ms = (out.t_done - out.t_send) * 1e3 - tm["total_ms"]
         out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
+        out.cached = res["tokens"]["cached"]
         out.source = res.get("source")
         out.text, out.total_ms = res.get("text", ""), tm.get("total_ms")
 
@@ -212,7 +214,7 @@ def spawn_efim(cfg):
     sets one), and an editor on it: (process, editor)."""
     from . import util as bu
 
-    conf = {"max_tokens": cfg.max_tokens}
+    conf = {"max_tokens": cfg.max_tokens, **({"repo_context": True} if cfg.repo is not None else {})}
     if cfg.max_prompt_ms is not None:  # None: the config's default budget
         conf["max_prompt_ms"] = cfg.max_prompt_ms
     proc, sock = bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx),

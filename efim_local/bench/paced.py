@@ -30,7 +30,7 @@ import math
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -169,7 +169,8 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
                      "ttft_derived_ms": derived,
                      "cancelled": o.cancelled,
                      "stale": o.t_first is None or o.t_first > next_key,  # no ghost before the next key
-                     "evaluated": o.evaluated, "reanchor": o.reanchor, "wait_ms": o.wait_ms, "source": o.source,
+                     "evaluated": o.evaluated, "cached": o.cached, "reanchor": o.reanchor, "wait_ms": o.wait_ms,
+                     "source": o.source,
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
 
@@ -200,7 +201,25 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
                    if "context_prefix_tokens" in r and r.get("since_open_s", 0) >= SETTLED_S]
         if settled:
             s["context_median_tokens_5s"] = bu.pctl(settled, 0.5)
+    s.update(_repo(rows))
     return s
+
+
+def _repo(rows: list[dict]) -> dict:
+    """Repository context (``--repo-context``): the lead's tokens per tier, and the requests that had
+    to prefill some of it again (cached fewer tokens than its lead), by re-anchor reason: a keystroke
+    must never be among them (the switch to a rebuilt lead, ``repo_context``, is prefilled in idle
+    time, so its cached count covers the lead too)."""
+    planned = [r for r in rows if isinstance(r.get("context_repo"), dict)]
+    if not planned:
+        return {}
+    with_lead = [r for r in planned if r["context_repo"].get("tokens")]
+    again = [r for r in with_lead if r.get("cached") is not None and r["cached"] < r["context_repo"]["tokens"]]
+    return {"repo_requests": len(with_lead), "repo_share": len(with_lead) / len(planned),
+            **{f"repo_{k}_mean": bu.mean([r["context_repo"].get(k, 0) for r in with_lead])
+               for k in ("t0_tokens", "t1_tokens", "t2_tokens", "tokens")},
+            "repo_lead_prefilled_again": {k: sum(1 for r in again if (r.get("reanchor") or "none") == k)
+                                          for k in sorted({r.get("reanchor") or "none" for r in again})}}
 
 
 def _derived(rows: list[dict]) -> dict:
@@ -226,6 +245,7 @@ class PacedConfig:
     trace: Path | str | None = None  # a trace's name (trace.TRACES) or path; None: the default
     pacing: Pacing = Pacing()
     user: bool = False  # also replay with a simulated user who accepts matching suggestions (user.py)
+    repo: Path | None = None  # repository context on: the trace's files are these paths under this git tree
 
 
 def full_tokens(model: Path, fired: list[Fired], n_ctx: int) -> list[int]:
@@ -245,6 +265,8 @@ def run(cfg: PacedConfig) -> dict:
     from .peers import LlamaServer
 
     commits = tr.load(tr.resolve(cfg.trace))
+    if cfg.repo is not None:  # the files in their work tree (absolute paths), so that the daemon finds the project
+        commits = [replace(c, file=str(cfg.repo.resolve() / c.file)) for c in commits]
     st = steps(commits, cfg.pacing)
     fired = requests(st, cfg.pacing, cfg.max_requests)
     st = st[:fired[-1].step + 2] if fired else st

@@ -29,6 +29,7 @@ class SuiteConfig:
     n_ctx: int | None = None  # tokens per slot in the paced and context parts; None: 8192 paced, 4096 context
     backend: str | None = None  # paced part through replicas: URLs, or "local:N" (started here); paced_remote.py
     kill_replica: bool = False  # and one of those started here killed halfway
+    repo: Path | None = None  # the paced part with repository context: the trace's files under this git tree
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
@@ -50,7 +51,7 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     if "paced" in cfg.parts:
         pc = paced.PacedConfig(model, max_requests=cfg.max_requests or (40 if q else 200), threads=cfg.threads,
                                max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=cfg.server,
-                               trace=cfg.trace, n_ctx=cfg.n_ctx or 8192)
+                               trace=cfg.trace, n_ctx=cfg.n_ctx or 8192, repo=cfg.repo)
         res["paced"] = (paced.run(pc) if cfg.backend is None
                         else paced_remote.run_spec(pc, cfg.backend, cfg.kill_replica))
         log(_paced_table(res["paced"]))
@@ -103,7 +104,14 @@ def _paced_table(r: dict) -> str:
                         "ttft_p50_vs_infill", "ttft_p95_vs_infill", "lost", "ttft_p50_vs_inprocess",
                         "ttft_p95_vs_inprocess")
             if any(c in s for s in r["summary"])]
-    return "\n".join([head, bu.table(r["summary"], cols), *[f"note: {n}" for n in r["notes"]]]) + "\n"
+    lines = [head, bu.table(r["summary"], cols)]
+    for s in r["summary"]:
+        if "repo_requests" in s:
+            lines.append(f"repository context: {s['repo_requests']} requests with it ({s['repo_share']:.0%}); "
+                         f"mean tokens T0 {s['repo_t0_tokens_mean']:.0f}, T1 {s['repo_t1_tokens_mean']:.0f}, "
+                         f"T2 {s['repo_t2_tokens_mean']:.0f}; requests that prefilled it again, by reason: "
+                         f"{s['repo_lead_prefilled_again'] or 'none'}")
+    return "\n".join([*lines, *[f"note: {n}" for n in r["notes"]]]) + "\n"
 
 
 def paced_chart(r: dict, path: Path, model: str) -> Path:

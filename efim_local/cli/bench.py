@@ -37,10 +37,13 @@ from . import emit, main, user_errors
               help="The paced part through efim with these llama-server replicas (local:N: N started here), "
                    "against efim in-process (docs/team.md).")
 @click.option("--kill-replica", is_flag=True, help="With --backend local:N: kill one replica halfway.")
+@click.option("--repo-context", "repo", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              metavar="DIR", help="The paced part with repository context on: the trace's files are taken as "
+                                  "paths under DIR, a git work tree of the trace's project (docs/repo-context.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
 @user_errors
 def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, n_ctx, trace_name, out,
-          backend, kill_replica, as_json):
+          backend, kill_replica, repo, as_json):
     """Replay real edits through efim (EFIM, FIM) and llama-server (/infill, /completion), then
     the EFIM paper's rounds and the state-restore benchmark, all on one model.
 
@@ -67,7 +70,7 @@ def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy
     cfg = suite.SuiteConfig(model=model, quick=quick, parts=tuple(only) or suite.PARTS,
                             server=server or peers.SERVER_BIN, threads=threads, out=out,
                             max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy,
-                            trace=trace_name, n_ctx=n_ctx, backend=backend, kill_replica=kill_replica)
+                            trace=trace_name, n_ctx=n_ctx, backend=backend, kill_replica=kill_replica, repo=repo)
     res = suite.run(cfg, log=(lambda s: None) if as_json else click.echo)
     if as_json:
         drop = ("rows", "full_tokens")

@@ -47,3 +47,24 @@ def test_context_part_scores_each_planned_request(tiny_model):
         assert x["ci95_lo"] <= x["bpc"] <= x["ci95_hi"] and x["bpc"] > 0
     assert all(len(r["target"]) <= 32 and "\n" not in r["target"] for r in res["rows"])
     assert "used - full" in context.table(res)
+
+
+def test_paced_replay_with_repository_context_reports_its_tiers(tiny_model, tmp_path):
+    """``efim bench --repo-context DIR``: the trace's files are opened under a git tree, the daemon puts
+    repository context before them, and no request prefills that context again."""
+    import subprocess
+
+    from efim_local.bench import trace
+
+    root = tmp_path / "project"
+    for c in trace.load(trace.resolve("efim")):  # the traced files as they first were, in a git work tree
+        p = root / c.file
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if not p.exists():
+            p.write_text(c.before)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    res = paced.run(paced.PacedConfig(tiny_model, max_requests=20, max_tokens=4, n_ctx=4096, threads=1, repo=root))
+    s = res["summary"][0]
+    assert all(r["path"].startswith(str(root.resolve())) for r in res["rows"]["efim"])
+    assert s["repo_requests"] > 0 and s["repo_t0_tokens_mean"] > 0 and s["repo_t1_tokens_mean"] > 0
+    assert s["repo_lead_prefilled_again"] == {}, s
