@@ -150,17 +150,19 @@ class Worker:
             if self.engine.repo is not None:
                 self.engine.repo.visit(path)  # where the user works: T2 of the project's other files
                 if self.engine.repo.stale(path):
-                    self.repo_later(path)
+                    self.repo_later(path, first=True)
         except Exception:  # noqa: BLE001 - optional work never fails the engine thread
             log.exception("repository context check failed")
 
-    def repo_later(self, path: str) -> None:
+    def repo_later(self, path: str, first: bool = False) -> None:
         """(Re)compute the repository context of ``path`` and switch its plan to it, while idle
-        (engine/repoctx.py): the old plan serves until the new one is prefilled."""
+        (engine/repoctx.py): the old plan serves until the new one is prefilled. ``first`` (after a
+        request): before the file's growth, which would grow a plan about to be replaced, and would
+        starve the rebuild while the user types."""
         from ..engine.repoctx import rebuild_steps
 
         self.add_idle(lambda engine, should_stop: rebuild_steps(engine, path, should_stop), key=("repo", path),
-                      path=path)
+                      path=path, first=first)
 
     def _grow_later(self, path: str | None) -> None:
         """If the budget cut the context of ``path``'s plan, grow it back while idle. Answered or not:

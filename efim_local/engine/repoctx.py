@@ -26,7 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,18 +34,20 @@ import numpy as np
 from ..errors import Cancelled, EfimError
 from ..prompt.planner import REPO_CONTEXT, FileSession
 from ..prompt.repo_format import current_file, file_pieces, repo_format, repo_head, tokenize_segments
-from ..repo import RepoContext, Tier, TierStore, make_tier
+from ..repo import RepoContext, Tier, TierLimits, TierStore, make_tier
 from ..repo.discover import git_root, ignored, imports_fingerprint
 from ..repo.parse import EXTENSIONS
 from ..request import Options
 from .background import interruptible_planning, top_steps
-from .recent import EMPTY_T2, BlockKey, Recent
+from .recent import EMPTY_T2, T2_CHARS, BlockKey, Recent
 from .run import RunOptions, run_steps
 
 log = logging.getLogger("efim.engine")
 
 MAX_PROJECTS = 4  # projects whose index is kept (each up to the discovery limits)
 MAX_LEADS = 256  # files whose computed lead is kept
+LEAD_S = 6.0  # a project's tiers are sized so that its lead prefills in about this long on this machine
+CHARS_PER_TOKEN = 3.0  # of definitions and code, about (a code vocabulary gives 3-4)
 POLL = 0.005  # seconds between should_stop() polls while the helper thread works
 EMPTY_T1 = make_tier("t1", ())
 
@@ -127,11 +129,24 @@ class RepoLeads:
             return p
 
     def built(self, project: Project) -> Future:
-        """The project's RepoContext (discovered and parsed on the helper thread, once)."""
+        """The project's RepoContext (discovered and parsed on the helper thread, once), its tiers
+        sized for this machine (``tier_limits``)."""
         with self.lock:
             if project.future is None:
-                project.future = self.pool.submit(RepoContext, project.root)
+                limits = self.tier_limits()
+                project.recent.chars = int(T2_CHARS * limits.t1_chars / TierLimits.t1_chars)
+                project.future = self.pool.submit(RepoContext, project.root, tier_limits=limits)
             return project.future
+
+    def tier_limits(self) -> TierLimits:
+        """The tiers' sizes: the defaults, scaled down so that the whole lead prefills in about
+        ``LEAD_S`` at the engine's learned speed (a slow machine or a big model gets a smaller lead:
+        every change of it re-prefills the file's plan while the user types)."""
+        d = TierLimits()
+        speed = self.engine.speed
+        tokens = min(self.max_lead, speed.max_new(LEAD_S * 1000) if speed.known else self.max_lead)
+        scale = min(1.0, tokens * CHARS_PER_TOKEN / (d.t0_chars + d.t1_chars + T2_CHARS))
+        return replace(d, t0_chars=int(d.t0_chars * scale), t1_chars=int(d.t1_chars * scale))
 
     def rel(self, project: Project, path: str) -> str | None:
         try:
@@ -352,13 +367,13 @@ def rebuild_steps(engine, path: str, should_stop=None):
     lead = repo.render(project, t0, t1, rel, imports_fingerprint(text), gen, t2, blocks, defs)
     repo.remember(path, lead, project, t0, t1, rel)
     session = f.session
-    if session is not None and session.anchor is None and session.lead != lead.tokens:
+    if session is None or (session.anchor is None and session.lead != lead.tokens):
         # A file opened, no request yet: warm its top after the lead, so that its first request, which
         # adopts a lead whose KV is at hand (adopt()), finds it, and its prefix's head after it.
         with interruptible_planning(engine.planner, should_stop):  # a request never waits for the tokenizer
             yield from top_steps(engine, path, text, should_stop, lead=lead.tokens)
         return
-    if session is None or session.lead == lead.tokens:
+    if session.lead == lead.tokens:
         return
     bos = engine.planner.markers.bos
     head = (*bos, *lead.tokens[:lead.t0])
@@ -370,7 +385,11 @@ def rebuild_steps(engine, path: str, should_stop=None):
     old = session.anchor
     planner = engine.planner_with(lead.tokens)
     try:
-        new = planner.full_anchor(old, engine.config.max_tokens)
+        # A reduced plan switches as it is, after the lead, and grows on from there: the switch costs
+        # the lead, not the full plan (which the user's typing may never leave time for).
+        room = planner.space(engine.config.max_tokens)
+        fits = old.reduced and len(old.prefix_tokens) + len(old.suffix_tokens) <= room
+        new = old if fits else planner.full_anchor(old, engine.config.max_tokens)
     except EfimError as e:  # the slot is too small for this lead
         log.debug("%s: repository context left out: %s", path, e)
         return
