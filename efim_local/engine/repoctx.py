@@ -11,8 +11,11 @@ the file's prefix, and a keystroke never prefills it:
   saved state, e.g. after a restart); otherwise the file's plan is file-only until the rebuild;
 - the rebuild (``rebuild_steps``, idle work) computes the tiers on a helper thread (discovery and
   parsing are bounded but may take a second), prefills the T0 head alone once (a state of its own,
-  saved content-addressed: a restart restores it), then the file's current plan with the new lead.
-  Only then does the session switch to the new lead and anchor; its next plan reports ``repo_context``;
+  saved content-addressed: a restart restores it), then the file's current plan with the new lead (a
+  reduced plan as it is: growth goes on after the switch). Only then does the session switch to the
+  new lead and anchor; its next plan reports ``repo_context``. After a request, the rebuild goes before
+  the file's growth (which would grow the plan about to be replaced);
+- the tiers are sized so that the lead prefills in about ``LEAD_S`` at the learned speed;
 - T1 is recomputed when the file's import lines change, a save in the project changed definitions or
   the editor sent other definitions; T2 when the user worked in another file (``stale``, a cheap test
   after each request and settled cursor), never on a keystroke.

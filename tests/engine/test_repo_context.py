@@ -11,7 +11,9 @@ import pytest
 
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.decode import drive
-from efim_local.engine.repoctx import imports_fingerprint, rebuild_steps
+from efim_local.engine.repoctx import CHARS_PER_TOKEN, LEAD_S, imports_fingerprint, rebuild_steps
+from efim_local.engine.speed import PrefillSpeed
+from efim_local.repo import TierLimits
 from efim_local.kv.settings import store_config
 from efim_local.request import Options
 
@@ -200,6 +202,23 @@ def test_work_in_another_file_joins_t2_and_editor_definitions_join_t1(engine, re
     assert "def lerp(a: float, b: float, t: float) -> float:\n    return a + (b - a) * t" in lead_text(engine, app)
     out = ask(engine, app, text, cursor + len(typed))
     assert out.reanchor == "repo_context" and out.tokens.evaluated <= 2
+
+
+def test_a_slow_machine_gets_a_lead_that_prefills_in_about_lead_s(engine, repo):
+    """The tiers are sized to the learned speed: every change of a lead re-prefills the file's plan
+    while the user types, so a slow machine (or a big model) gets a smaller one."""
+    engine.speed = PrefillSpeed.fixed(0.01)  # fast: the full-size tiers, as far as half the slot holds them
+    fast = engine.repo.tier_limits()
+    assert fast.t0_chars + fast.t1_chars <= engine.repo.max_lead * CHARS_PER_TOKEN
+    assert fast.t1_chars <= TierLimits().t1_chars
+    engine.speed = PrefillSpeed.fixed(1000 * LEAD_S / 150)  # 150 tokens in LEAD_S
+    small = engine.repo.tier_limits()
+    assert small.t0_chars < fast.t0_chars / 4 and small.t1_chars < fast.t1_chars / 4
+    app = repo / "app.py"
+    ask(engine, app, APP, APP.index("    return total"))
+    settle(engine, app)
+    lead = engine.session(str(app)).lead
+    assert 0 < len(lead) and "Euclidean distance" not in lead_text(engine, app)  # T1's snippets left out
 
 
 def test_files_outside_a_git_tree_and_relative_paths_plan_file_only(engine, tmp_path):
