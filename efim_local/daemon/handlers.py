@@ -34,6 +34,7 @@ class Handlers:
         self.documents = Documents(engine.files)
         # what editors reported taking of the completions (efim lsp's accept notifications)
         self.acceptance = {"completions": 0, "partial": 0, "offered_chars": 0, "accepted_chars": 0}
+        self.definitions_seen = {"messages": 0, "locations": 0}  # editors' "go to definition" results
 
     def table(self) -> dict:
         return {"complete": self.complete, "didOpen": self.did_open, "didChange": self.did_change,
@@ -107,6 +108,8 @@ class Handlers:
             if not isinstance(loc, dict):
                 raise InvalidParams("invalid params: each definition must be an object")
             pairs.append((name_param(loc, "path"), param(loc, "line", int, lo=0, hi=1 << 24)))
+        self.definitions_seen["messages"] += 1
+        self.definitions_seen["locations"] += len(pairs)
         changed, kept = self.engine.repo.set_definitions(path, pairs) if self.engine.repo else (False, 0)
         if changed:
             self.worker.repo_later(path)
@@ -125,7 +128,7 @@ class Handlers:
                      "queued": self.worker.queued(), "idle_tasks": self.worker.idle_pending(),
                      "served": self.worker.served, "errors": self.worker.errors,
                      "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else [],
-                     "accepted": dict(self.acceptance)})
+                     "accepted": dict(self.acceptance), "definitions": dict(self.definitions_seen)})
         spent = dict(self.worker.scheduler.spent)  # where the engine's time went, by kind of work
         info.update(requests=self.worker.stats.summary(), python_threads=threading.active_count(),
                     engine_time_s={k: round(v, 2) for k, v in sorted(spent.items())})

@@ -9,7 +9,9 @@
   for older text). The workspace folder that holds a document is sent as its ``root``.
 - Notifications to the client: ``efim/status`` after each completion (model, latency, cache tier).
   From the client: ``efim/didPartiallyAcceptCompletion`` (and the ``efim.accepted`` command that the
-  item carries, run on a full accept) tell the daemon what was taken (its ``accepted`` method).
+  item carries, run on a full accept) tell the daemon what was taken (its ``accepted`` method);
+  ``efim/definitions`` (``{uri, definitions: [{uri, line}]}``: where the editor's language servers
+  define the names a document imports) goes to the daemon's ``definitions`` (repository context).
 - Settings (``initializationOptions``, ``workspace/didChangeConfiguration``; a top-level ``efim``
   object is read too): ``maxTokens``, ``maxLines``, ``enabledLanguages`` (``["*"]``: all),
   ``socket``; ``debounceMs`` and ``efimPath`` belong to the client.
@@ -41,6 +43,7 @@ from .text import Converter, columns
 log = logging.getLogger("efim.lsp")
 STATUS = "efim/status"
 PARTIAL_ACCEPT = "efim/didPartiallyAcceptCompletion"
+DEFINITIONS = "efim/definitions"
 ACCEPTED_COMMAND = "efim.accepted"
 
 
@@ -211,6 +214,22 @@ class EfimServer(LanguageServer):
     def show_message(self, text: str, kind: t.MessageType) -> None:
         self.window_show_message(t.ShowMessageParams(type=kind, message=text))
 
+    # -- the editor's definitions ----------------------------------------------------------------
+    async def definitions(self, args: Any) -> None:
+        """Where the editor's language servers define the names a document imports, to the daemon."""
+        locs = args.get("definitions") if isinstance(args, dict) else None
+        if not isinstance(args.get("uri") if isinstance(args, dict) else None, str) or not isinstance(locs, list) \
+                or not all(isinstance(d, dict) and isinstance(d.get("uri"), str) for d in locs):
+            raise JsonRpcInvalidParams("invalid params: expected {uri, definitions: [{uri, line}]}")
+        if self.relay is None:
+            raise JsonRpcException("server not initialized", -32002)
+        p = {"path": fs_path(args["uri"]),
+             "definitions": [{"path": fs_path(d["uri"]), "line": d.get("line")} for d in locs]}
+        try:
+            await self.relay.call("definitions", p)
+        except EfimError as e:
+            raise lsp_error(e) from None
+
     # -- accepted completions -------------------------------------------------------------------
     async def accepted(self, args: Any, full: bool) -> None:
         """Tell the daemon what the user took of a completion (all of it, or ``acceptedLength``)."""
@@ -271,6 +290,13 @@ def build() -> EfimServer:
     async def partial_accept(ls: EfimServer, params: Any):
         try:
             await ls.accepted(plain(params), full=False)
+        except JsonRpcException as e:  # a notification: nobody to answer
+            log.warning("efim: %s", e)
+
+    @ls.feature(DEFINITIONS)
+    async def definitions(ls: EfimServer, params: Any):
+        try:
+            await ls.definitions(plain(params))
         except JsonRpcException as e:  # a notification: nobody to answer
             log.warning("efim: %s", e)
 

@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import os
 import sys
+import time
 
 import pytest
 import pytest_asyncio
@@ -181,6 +182,27 @@ async def test_partial_and_full_accept_reach_the_daemon(client, daemon):
         await client.workspace_execute_command_async(t.ExecuteCommandParams(
             command="efim.accepted", arguments=[{"uri": URI, "text": "ab", "acceptedLength": 3}, 2]))
     assert e.value.code == INVALID_PARAMS
+
+
+@pytest.mark.asyncio
+async def test_definitions_from_the_editor_reach_the_daemon(client, daemon):
+    """``efim/definitions``: where the editor's language servers define a document's imported names
+    goes to the daemon as paths; a malformed one is dropped and the server serves on."""
+    with daemon.client() as c:
+        before = c.call("status")["definitions"]
+    open_doc(client)
+    client.protocol.notify("efim/definitions", {"uri": URI, "definitions": "nope"})
+    client.protocol.notify("efim/definitions", {"uri": URI, "definitions": [
+        {"uri": "file:///src/pkg/geometry.py", "line": 3}, {"uri": "file:///src/pkg/util.py", "line": 0}]})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with daemon.client() as c:
+            after = c.call("status")["definitions"]
+        if after["messages"] > before["messages"]:
+            break
+        await asyncio.sleep(0.05)
+    assert after == {"messages": before["messages"] + 1, "locations": before["locations"] + 2}
+    assert (await inline(client, 4, 7)).items  # still serving
 
 
 @pytest.mark.asyncio

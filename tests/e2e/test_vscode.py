@@ -146,13 +146,13 @@ def wait_ghost(page, tmp_path: Path):
         pytest.fail("no ghost text; screenshot in " + str(tmp_path / "no-ghost.png") + "\n" + "\n".join(logs))
 
 
-def open_app_at_its_end(page) -> None:
-    """Open app.py once the extension is ready (its language client is up, its provider registered,
+def open_app_at_its_end(page, name: str = "app.py") -> None:
+    """Open ``name`` once the extension is ready (its language client is up, its provider registered,
     when its status-bar item says so), with the cursor at the end."""
     page.wait_for_selector(".statusbar-item:has-text('efim: ready')", timeout=60_000)
     page.keyboard.press("Control+P")
     page.wait_for_selector(".quick-input-widget input", timeout=20_000)
-    page.keyboard.type("app.py")
+    page.keyboard.type(name)
     page.wait_for_selector(".quick-input-list .monaco-list-row", timeout=20_000)
     page.keyboard.press("Enter")
     page.wait_for_selector(".monaco-editor .view-line", timeout=20_000)
@@ -252,6 +252,27 @@ def test_typing_the_ghost_keeps_it_and_tab_inserts_the_rest(vscode, page, tmp_pa
     with Client(sock, timeout=10) as c:
         sources = c.call("status")["requests"]["sources"]
     assert sources["type-through"] + sources["accept"] >= 1, sources
+
+
+def test_definitions_of_imported_names_reach_the_daemon(vscode, page, tmp_path):
+    """VS Code's own JavaScript features resolve the name a file imports ("go to definition"); the
+    extension sends the place in the other file to efim (repository context), through `efim lsp`."""
+    url, ws, sock = vscode
+    (ws / "util.js").write_text("export function clamp(value, low, high) {\n"
+                                "  return Math.max(low, Math.min(high, value));\n}\n")
+    (ws / "main.js").write_text("import { clamp } from './util.js';\n\nconsole.log(clamp(5, 0, 1));\n")
+    open_app_at_its_end(page, "main.js")
+    from efim_local.daemon.client import Client
+
+    deadline, seen = time.monotonic() + 90, {}
+    while time.monotonic() < deadline:  # (the TypeScript server starts first)
+        with Client(sock, timeout=10) as c:
+            seen = c.call("status")["definitions"]
+        if seen["locations"] >= 1:
+            break
+        page.keyboard.press("Control+S")  # a save sends them again (if the first try found none)
+        time.sleep(1)
+    assert seen["locations"] >= 1, seen
 
 
 @pytest.mark.parametrize("vscode", [{"efim.path": "/nonexistent/bin/efim"}], indirect=True)

@@ -1,7 +1,8 @@
 // efim for VS Code: a thin client of `efim lsp` (LSP 3.18 inline completion) through
 // vscode-languageclient. VS Code draws the ghost text and accepts it with Tab; this file adds the
 // debounce, the accept-next-word/line commands that report partial accepts, a status-bar item
-// (last latency and cache tier, opens the log) and a clear message when `efim` is missing.
+// (last latency and cache tier, opens the log), a clear message when `efim` is missing, and where
+// VS Code's language features define the names a file imports (efim's repository context).
 import * as fs from "fs";
 import * as path from "path";
 import * as vscode from "vscode";
@@ -154,7 +155,53 @@ async function start(): Promise<void> {
   }
   client.onNotification("efim/status", showStatus);
   status.text = "$(sparkle) efim: ready";
+  void sendDefinitions(vscode.window.activeTextEditor?.document);
   log.appendLine(`efim lsp started: ${efim}`);
+}
+
+// Lines that may import something: the daemon's own test (engine/repoctx.py imports_fingerprint).
+const IMPORT_LINE = /import|require\(|^\s*(from|use|package) |^\s*#include/;
+const SKIP = new Set(["import", "from", "as", "require", "use", "include", "package", "const", "let", "var",
+  "export", "default", "type"]);
+const sent = new Map<string, string>(); // document URI -> the definitions last sent
+
+// "Go to definition" on each name of the document's import lines (its first 200 lines, at most 32
+// names), through whatever language features VS Code has for it; the places in other files go to
+// efim (`efim/definitions`), which puts those definitions in the file's repository context.
+async function sendDefinitions(doc: vscode.TextDocument | undefined): Promise<void> {
+  if (!client || !doc || doc.uri.scheme !== "file" || !enabled(doc.languageId)) {
+    return;
+  }
+  const names: vscode.Position[] = [];
+  for (let row = 0; row < Math.min(doc.lineCount, 200) && names.length < 32; row++) {
+    const line = doc.lineAt(row).text;
+    if (!IMPORT_LINE.test(line)) continue;
+    for (const m of line.matchAll(/[A-Za-z_][A-Za-z0-9_]*/g)) {
+      if (!SKIP.has(m[0]) && names.length < 32) names.push(new vscode.Position(row, m.index ?? 0));
+    }
+  }
+  const found = new Map<string, { uri: string; line: number }>();
+  for (const pos of names) {
+    let result: (vscode.Location | vscode.LocationLink)[] | undefined;
+    try {
+      result = await vscode.commands.executeCommand("vscode.executeDefinitionProvider", doc.uri, pos);
+    } catch {
+      continue; // no definition provider for this language
+    }
+    for (const loc of result ?? []) {
+      const uri = "targetUri" in loc ? loc.targetUri : loc.uri;
+      const range = "targetUri" in loc ? (loc.targetSelectionRange ?? loc.targetRange) : loc.range;
+      if (uri.scheme === "file" && uri.toString() !== doc.uri.toString()) {
+        found.set(`${uri.toString()}:${range.start.line}`, { uri: uri.toString(), line: range.start.line });
+      }
+    }
+  }
+  const definitions = [...found.values()].sort((a, b) => a.uri.localeCompare(b.uri) || a.line - b.line);
+  const key = JSON.stringify(definitions);
+  if (sent.get(doc.uri.toString()) === key) return;
+  sent.set(doc.uri.toString(), key);
+  log.appendLine(`definitions of ${doc.uri.fsPath}: ${definitions.length}`);
+  await client.sendNotification("efim/definitions", { uri: doc.uri.toString(), definitions });
 }
 
 // Accept part of the suggestion with VS Code's own command, then tell efim how much was taken.
@@ -200,6 +247,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       client = undefined;
       await start();
     }),
+    vscode.window.onDidChangeActiveTextEditor((e) => void sendDefinitions(e?.document)),
+    vscode.workspace.onDidSaveTextDocument((doc) => void sendDefinitions(doc)),
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (e.affectsConfiguration("efim.path") || e.affectsConfiguration("efim.socket")) {
         await vscode.commands.executeCommand("efim.restart");
