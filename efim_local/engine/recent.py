@@ -1,7 +1,7 @@
 """T2, the volatile tier of repository context: where the user worked lately in *other* files of the
 project, and the definitions their editor resolved (issue 25).
 
-- Each answered request and each settled cursor records its file's block of ``BLOCK`` lines around the
+- Each request (once it ended) and each settled cursor records its file's block of ``BLOCK`` lines around the
   cursor (``Recent.visit``: after the answer or on the notification, never on the keystroke path).
 - A file's T2 is the latest blocks of other files of its project whose text the daemon holds, oldest
   first (the latest nearest the file), within ``chars``.
