@@ -71,6 +71,8 @@ for speed in args.speed:
             s = steps[j]
             if j in plans:
                 new, old = plans[j], held.get(s.path, [])
+                if s.path in since:  # what was prefilled since the file's last event counts too
+                    cached[s.path] = min(len(old), cached[s.path] + speed * (s.t - since[s.path]))
                 n = 0
                 limit = min(len(old), len(new), int(cached.get(s.path, 0)))
                 while n < limit and old[n] == new[n]:

@@ -76,6 +76,8 @@ class Handlers:
 
     def did_close(self, conn, msg):
         self.documents.close(msg.params)
+        if self.engine.repo is not None:
+            self.engine.repo.closed(path_param(msg.params))
         return None
 
     def cursor(self, conn, msg):
@@ -91,7 +93,7 @@ class Handlers:
         if repo is not None:  # a visited range (T2 of the project's other files); this file's T2 may be stale
             repo.visit(path)
             if repo.stale(path):
-                self.worker.repo_later(path)
+                self.worker.repo_later(path, first=True)
         return {"path": path, "offset": cursor}
 
     def definitions(self, conn, msg):

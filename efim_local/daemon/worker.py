@@ -132,11 +132,11 @@ class Worker:
             elif err.code not in (Cancelled.code, Busy.code) and err.exit_code != 2:
                 self.errors += 1
             conn.send(error(rid, internal(err)))
-        finally:
+        finally:  # (queued in this order, the file's background work runs: ahead, repo, ..., grow)
+            self._repo_check(job.request.path)
+            self._grow_later(job.request.path)
             if err is None and greedy(job.request.how):
                 self._ahead_later(job.request.path)
-            self._grow_later(job.request.path)
-            self._repo_check(job.request.path)
 
     def _ahead_later(self, path: str) -> None:
         """While the answer is shown, extend its greedy continuation (the next completion after an

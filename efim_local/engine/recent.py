@@ -24,7 +24,9 @@ from ..repo import Tier, make_tier
 
 BLOCK = 32  # lines per block; a block starts at a multiple of BLOCK/2, the cursor in its second half
 MAX_BLOCKS = 16  # blocks remembered per project
-T2_BLOCKS = 4  # blocks in a file's T2
+T2_BLOCKS = 4  # blocks in a file's T2, and blocks remembered per file (moving about in one file never
+               # pushes the other files' blocks out)
+MIN_LINES = 4  # a block cut to fit keeps at least this many lines, else it is left out
 T2_CHARS = 1200
 MAX_DEFINITIONS = 64  # locations kept per file
 EMPTY_T2 = make_tier("t2", ())
@@ -49,8 +51,17 @@ class Recent:
         with self.lock:
             self.blocks[(path, first)] = version
             self.blocks.move_to_end((path, first))
+            mine = [k for k in self.blocks if k[0] == path]
+            for k in mine[:max(0, len(mine) - T2_BLOCKS)]:
+                del self.blocks[k]
             while len(self.blocks) > MAX_BLOCKS:
                 self.blocks.popitem(last=False)
+
+    def forget(self, path: str) -> None:
+        """``path`` was closed: its blocks leave T2 (their text is no longer the editor's)."""
+        with self.lock:
+            for k in [k for k in self.blocks if k[0] == path]:
+                del self.blocks[k]
 
     def key(self, path: str) -> BlockKey:
         """The blocks ``path``'s T2 holds: the latest of other files, a block overlapping a later one
@@ -68,22 +79,27 @@ class Recent:
 
     def tier(self, key: BlockKey, text_of, rel_of) -> Tier:
         """T2 for the blocks ``key``: each block's current lines (``text_of(path)``: the open text, or
-        None) under its relative path (``rel_of(path)``), the latest first to fit ``chars``."""
+        None) under its relative path (``rel_of(path)``), the latest first to fit ``chars``; a block
+        that does not fit is cut to its lines nearest the cursor (its second half first)."""
         pieces: list[Piece] = []
         used = 0
         for p, first, _ in reversed(key):
             text, rel = text_of(p), rel_of(p)
             if text is None or rel is None:
                 continue
-            lines = text.split("\n", first + BLOCK)[first:first + BLOCK]
-            body = "\n".join(line.rstrip() for line in lines).strip("\n")
-            if not body.strip():
+            lines = [line.rstrip() for line in text.split("\n", first + BLOCK)[first:first + BLOCK]]
+            room = self.chars - used - len(rel) - 3
+            top = 0
+            while len(lines) - top > MIN_LINES and sum(len(x) + 1 for x in lines[top:]) > room:
+                if top < BLOCK // 2:
+                    top += 1
+                else:  # the cursor's half is left: cut its end instead
+                    lines.pop()
+            body = "\n".join(lines[top:]).strip("\n")
+            if not body.strip() or len(body) + 1 > room:
                 continue
-            cost = len(rel) + len(body) + 3
-            if used + cost > self.chars:
-                break
             pieces.append(Piece(rel, body + "\n"))
-            used += cost
+            used += len(rel) + len(body) + 4
         return make_tier("t2", reversed(pieces))
 
     # -- definitions an editor resolved --------------------------------------------------------

@@ -104,6 +104,7 @@ class RepoLeads:
         self.leads: OrderedDict[str, Lead] = OrderedDict()  # the latest computed, by file
         self.used: OrderedDict[str, tuple[tuple[int, ...], dict]] = OrderedDict()  # a session's lead, its report
         self.roots: dict[str, str | None] = {}
+        self.unfit: dict[str, tuple[int, ...]] = {}  # a lead the file's slot has no room for (not retried)
         self.pool = ThreadPoolExecutor(1, "efim-repo", initializer=_low_priority)
 
     def close(self) -> None:
@@ -250,7 +251,8 @@ class RepoLeads:
             return True
         if lead.defs != project.recent.definitions(path) or lead.recent != project.recent.key(path):
             return True
-        return f.session is not None and f.session.lead != lead.tokens and len(lead.tokens) > 0
+        return (f.session is not None and f.session.lead != lead.tokens and len(lead.tokens) > 0
+                and self.unfit.get(path) != lead.tokens)
 
     def saved(self, path: str) -> list[str]:
         """A file changed on disk (saved, created, renamed, deleted): update its project's index if
@@ -289,8 +291,14 @@ class RepoLeads:
         project = self.project_for(path)
         if project is None:
             return False, 0
-        inside = [(p, line) for p, line in locations if self.project_for(p) is project]
+        inside = [(p, line) for p, line in locations if os.path.isabs(p) and self.rel(project, p) is not None]
         return project.recent.set_definitions(path, inside), len(project.recent.definitions(path))
+
+    def closed(self, path: str) -> None:
+        """``path`` was closed: it leaves T2 of the project's other files."""
+        project = self.project_for(path)
+        if project is not None:
+            project.recent.forget(path)
 
     def open_text(self, path: str) -> str | None:
         f = self.engine.files.get(path)
@@ -363,7 +371,7 @@ def rebuild_steps(engine, path: str, should_stop=None):
         return
     text, gen, recent = f.text, project.gen, project.recent
     defs = recent.definitions(path)
-    extra = tuple((r, line) for r, line in ((repo.rel(project, p), line) for p, line in defs) if r is not None)
+    extra = tuple((r, line) for p, line in defs if (r := repo.rel(project, p)) is not None)
     t0, t1 = yield from wait(repo.pool.submit(lambda: (ctx.t0(), ctx.t1(rel, text, extra))), should_stop)
     blocks = recent.key(path)
     t2 = recent.tier(blocks, repo.open_text, lambda p: repo.rel(project, p))
@@ -393,8 +401,12 @@ def rebuild_steps(engine, path: str, should_stop=None):
         room = planner.space(engine.config.max_tokens)
         fits = old.reduced and len(old.prefix_tokens) + len(old.suffix_tokens) <= room
         new = old if fits else planner.full_anchor(old, engine.config.max_tokens)
-    except EfimError as e:  # the slot is too small for this lead
+    except EfimError as e:  # the slot is too small for this lead: not again until the lead changes
         log.debug("%s: repository context left out: %s", path, e)
+        with repo.lock:
+            repo.unfit[path] = lead.tokens
+            if len(repo.unfit) > MAX_LEADS:
+                repo.unfit.pop(next(iter(repo.unfit)))
         return
     tokens = planner.stable_tokens(session.layout, new, session.typed)
     yield from run_steps(engine, tokens, Options(max_tokens=0), RunOptions(

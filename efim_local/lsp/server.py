@@ -103,6 +103,7 @@ class EfimServer(LanguageServer):
         self.relay: Relay | None = None
         self.completion_ids = itertools.count(1)
         self.model: str | None = None
+        self.definitions_of: dict[str, dict] = {}  # uri -> the last `definitions` params (sent again to a new daemon)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def initialize(self, params: t.InitializeParams) -> None:
@@ -225,6 +226,10 @@ class EfimServer(LanguageServer):
             raise JsonRpcException("server not initialized", -32002)
         p = {"path": fs_path(args["uri"]),
              "definitions": [{"path": fs_path(d["uri"]), "line": d.get("line")} for d in locs]}
+        self.definitions_of.pop(args["uri"], None)
+        self.definitions_of[args["uri"]] = p
+        while len(self.definitions_of) > 256:
+            self.definitions_of.pop(next(iter(self.definitions_of)))
         try:
             await self.relay.call("definitions", p)
         except EfimError as e:

@@ -89,9 +89,13 @@ class Sync:
             self.send(uri, "didOpen", self.open_params(uri), full=True)
 
     def replay(self) -> None:
-        """A new daemon connection: open every document again (the daemon may have restarted)."""
+        """A new daemon connection: open every document again (the daemon may have restarted), and
+        send the editor's definitions of each again."""
         for uri in self.docs:
             self.send(uri, "didOpen", self.open_params(uri), full=True, sync=False)
+            defs = self.server.definitions_of.get(uri)
+            if defs is not None and self.server.relay is not None:
+                self.server.relay.request("definitions", defs, sync=False)
 
     # -- the editor's notifications ----------------------------------------------------------
     def did_open(self, params: t.DidOpenTextDocumentParams) -> None:

@@ -195,7 +195,11 @@ def test_work_in_another_file_joins_t2_and_editor_definitions_join_t1(engine, re
         assert cold.text == out.text
     # Where the editor's "go to definition" landed for app.py: lerp (app never imports it) joins T1.
     lerp = REPO_UTIL[:REPO_UTIL.index("def lerp")].count("\n")
-    assert engine.repo.set_definitions(str(app), [(str(util), lerp), ("/elsewhere/x.py", 3)]) == (True, 1)
+    other = make_repo(repo.parent / "other")  # another git tree's file: left out, and no project made for it
+    projects = list(engine.repo.projects)
+    assert engine.repo.set_definitions(str(app), [(str(util), lerp), ("/elsewhere/x.py", 3),
+                                                  (str(other / "pkg" / "util.py"), 0)]) == (True, 1)
+    assert list(engine.repo.projects) == projects
     assert engine.repo.set_definitions(str(app), [(str(util), lerp)]) == (False, 1)
     assert engine.repo.stale(str(app))
     settle(engine, app)

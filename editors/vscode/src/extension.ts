@@ -145,6 +145,7 @@ async function start(): Promise<void> {
   client = new LanguageClient("efim", "efim", serverOptions, clientOptions);
   client.registerProposedFeatures(); // inline completion (LSP 3.18) is still "proposed" in vscode-languageclient 10
   status.text = "$(sync~spin) efim: starting";
+  sent.clear(); // a new server (and maybe daemon): send every file's definitions again
   try {
     await client.start();
   } catch (e) {
@@ -159,10 +160,10 @@ async function start(): Promise<void> {
   log.appendLine(`efim lsp started: ${efim}`);
 }
 
-// Lines that may import something: the daemon's own test (engine/repoctx.py imports_fingerprint).
+// Lines that may import something: the daemon's own test (repo/discover.py imports_fingerprint).
 const IMPORT_LINE = /import|require\(|^\s*(from|use|package) |^\s*#include/;
 const SKIP = new Set(["import", "from", "as", "require", "use", "include", "package", "const", "let", "var",
-  "export", "default", "type"]);
+  "export", "default", "type", "local"]);
 const sent = new Map<string, string>(); // document URI -> the definitions last sent
 
 // "Go to definition" on each name of the document's import lines (its first 200 lines, at most 32
@@ -196,7 +197,8 @@ async function sendDefinitions(doc: vscode.TextDocument | undefined): Promise<vo
       }
     }
   }
-  const definitions = [...found.values()].sort((a, b) => a.uri.localeCompare(b.uri) || a.line - b.line);
+  const definitions = [...found.values()].sort((a, b) => a.uri.localeCompare(b.uri) || a.line - b.line)
+    .slice(0, 256); // the daemon takes at most 256
   const key = JSON.stringify(definitions);
   if (sent.get(doc.uri.toString()) === key) return;
   sent.set(doc.uri.toString(), key);

@@ -5,14 +5,14 @@
 -- answers definitions, and nothing when the result is what was sent last.
 local rpc = require("efim.rpc")
 
-local D = { sent = {} } -- path -> the last list sent, encoded
+local D = { sent = {} } -- path -> the last list sent and the connection it went on (a new daemon gets it again)
 local MAX_NAMES = 32 -- identifiers asked about per buffer
 local SCAN_LINES = 200 -- import lines are looked for in the buffer's first lines
 local TIMEOUT_MS = 3000
 local SKIP = { import = true, from = true, as = true, require = true, use = true, include = true, package = true,
                const = true, let = true, var = true, export = true, default = true, type = true, ["local"] = true }
 
-local function import_line(s) -- the daemon's test for lines that may import (engine/repoctx.py)
+local function import_line(s) -- the daemon's test for lines that may import (repo/discover.py imports_fingerprint)
   return s:find("import", 1, true) or s:find("require(", 1, true) or s:match("^%s*from ") or s:match("^%s*use ")
       or s:match("^%s*#include") or s:match("^%s*package ")
 end
@@ -70,8 +70,9 @@ local function locations(result, into)
 end
 
 --- Ask the buffer's language servers where its imported names are defined, then send the locations
---- of other files to the daemon for document `path`. Returns how many requests were sent.
-function D.send(bufnr, path)
+--- of other files to the daemon for document `path` (opened on connection `gen`). Returns how many
+--- requests were sent.
+function D.send(bufnr, path, gen)
   local servers = clients(bufnr)
   if #servers == 0 then return 0 end
   local found, pending, done = {}, 0, false
@@ -87,7 +88,8 @@ function D.send(bufnr, path)
       end
     end
     table.sort(list, function(a, b) return a.path < b.path or (a.path == b.path and a.line < b.line) end)
-    local encoded = vim.json.encode(list)
+    while #list > 256 do table.remove(list) end -- the daemon takes at most 256
+    local encoded = tostring(gen) .. vim.json.encode(list)
     if D.sent[path] == encoded then return end
     D.sent[path] = encoded
     rpc.notify("definitions", { path = path, definitions = list })

@@ -343,7 +343,7 @@ local function send_definitions(ev)
   local bufnr = ev and ev.buf or vim.api.nvim_get_current_buf()
   if not M.config.definitions or not vim.api.nvim_buf_is_valid(bufnr) or not M.is_enabled(bufnr) then return end
   local doc = sync.ensure(bufnr)
-  if doc then defs.send(bufnr, doc.path) end
+  if doc then defs.send(bufnr, doc.path, doc.gen) end
 end
 
 -- A buffer was entered (or its filetype set): open it in the daemon, which prefills it when idle.
