@@ -93,7 +93,7 @@ class Handlers:
         if repo is not None:  # a visited range (T2 of the project's other files); this file's T2 may be stale
             repo.visit(path)
             if repo.stale(path):
-                self.worker.repo_later(path, first=True)
+                self.worker.repo_later(path)
         return {"path": path, "offset": cursor}
 
     def definitions(self, conn, msg):

@@ -132,15 +132,15 @@ class Worker:
             elif err.code not in (Cancelled.code, Busy.code) and err.exit_code != 2:
                 self.errors += 1
             conn.send(error(rid, internal(err)))
-        finally:  # (queued in this order, the file's background work runs: ahead, repo, ..., grow)
-            self._repo_check(job.request.path)
-            self._grow_later(job.request.path)
+        finally:  # (queued in this order, the file's background work runs: repo, ahead, ..., grow)
             if err is None and greedy(job.request.how):
                 self._ahead_later(job.request.path)
+            self._grow_later(job.request.path)
+            self._repo_check(job.request.path)
 
     def _ahead_later(self, path: str) -> None:
         """While the answer is shown, extend its greedy continuation (the next completion after an
-        accept): first among the file's background work."""
+        accept): first among the file's background work but a repository rebuild."""
         self.add_idle(lambda engine, should_stop: ahead_steps(engine, path, should_stop), key=("ahead", path),
                       path=path, first=True)
 
