@@ -277,7 +277,7 @@ class RepoLeads:
         return [p for p in self.engine.files.open_paths() if p != path and self.project_for(p) is project]
 
     def visit(self, path: str | None) -> None:
-        """The user worked in ``path`` at its last cursor (an answered request, a settled cursor):
+        """The user worked in ``path`` at its last cursor (a request that ended, a settled cursor):
         its block joins T2 of the project's other files."""
         project = self.project_for(path)
         f = self.engine.files.get(path) if project is not None else None
