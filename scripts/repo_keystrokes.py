@@ -23,7 +23,7 @@ from efim_local.bench import util as bu
 from efim_local.config import Config, ContextParams
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.decode import drive
-from efim_local.engine.repoctx import rebuild_steps
+from efim_local.engine.repobuild import rebuild_steps
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--root", type=Path, required=True, help="a git work tree (git init is run if it has no .git)")

@@ -159,7 +159,7 @@ class Worker:
         (engine/repoctx.py): the old plan serves until the new one is prefilled. ``first`` (after a
         request): before the file's growth, which would grow a plan about to be replaced, and would
         starve the rebuild while the user types."""
-        from ..engine.repoctx import rebuild_steps
+        from ..engine.repobuild import rebuild_steps
 
         self.add_idle(lambda engine, should_stop: rebuild_steps(engine, path, should_stop), key=("repo", path),
                       path=path, first=first)

@@ -9,16 +9,14 @@ the file's prefix, and a keystroke never prefills it:
 
 - a new session of a file takes the lead known for it only when its KV is at hand (a live slot or a
   saved state, e.g. after a restart); otherwise the file's plan is file-only until the rebuild;
-- the rebuild (``rebuild_steps``, idle work) computes the tiers on a helper thread (discovery and
-  parsing are bounded but may take a second), prefills the T0 head alone once (a state of its own,
-  saved content-addressed: a restart restores it), then the file's current plan with the new lead (a
-  reduced plan as it is: growth goes on after the switch). Only then does the session switch to the
-  new lead and anchor; its next plan reports ``repo_context``. After a request, the rebuild goes before
-  the file's growth (which would grow the plan about to be replaced);
+- the rebuild (``repobuild.rebuild_steps``, idle work) computes the tiers, prefills the new plan and
+  only then switches the session to it; after a request it goes before the file's growth (which would
+  grow the plan about to be replaced);
 - the tiers are sized so that the lead prefills in about ``LEAD_S`` at the learned speed;
-- T1 is recomputed when the file's import lines change, a save in the project changed definitions or
-  the editor sent other definitions; T2 when the user worked in another file (``stale``, a cheap test
-  after each request and settled cursor), never on a keystroke.
+- a lead is recomputed when its ``Stamp`` differs from the file's: T1 when the file's import lines
+  change, a save in the project changed definitions or the editor sent other definitions; T2 when the
+  user worked in another file (``stale``, a cheap test after each request and settled cursor), never
+  on a keystroke.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -34,16 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import Cancelled, EfimError
-from ..prompt.planner import REPO_CONTEXT, FileSession
+from ..errors import EfimError
+from ..prompt.planner import FileSession
 from ..prompt.repo_format import current_file, file_pieces, repo_format, repo_head, tokenize_segments
 from ..repo import RepoContext, Tier, TierLimits, TierStore, make_tier
 from ..repo.discover import git_root, ignored, imports_fingerprint
 from ..repo.parse import EXTENSIONS
-from ..request import Options
-from .background import interruptible_planning, top_steps
 from .recent import EMPTY_T2, T2_CHARS, BlockKey, Recent
-from .run import RunOptions, run_steps
 
 log = logging.getLogger("efim.engine")
 
@@ -51,8 +45,17 @@ MAX_PROJECTS = 4  # projects whose index is kept (each up to the discovery limit
 MAX_LEADS = 256  # files whose computed lead is kept
 LEAD_S = 6.0  # a project's tiers are sized so that its lead prefills in about this long on this machine
 CHARS_PER_TOKEN = 3.0  # of definitions and code, about (a code vocabulary gives 3-4)
-POLL = 0.005  # seconds between should_stop() polls while the helper thread works
 EMPTY_T1 = make_tier("t1", ())
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a lead was computed for; it is stale once the file's current stamp differs."""
+
+    fp: str = ""  # the import fingerprint of the file's text ("": restored from disk)
+    gen: int = -1  # the project's generation (bumped when a save changed definitions or imports)
+    recent: BlockKey = ()  # the blocks of other files its T2 holds
+    defs: tuple = ()  # the editor's definitions its T1 was computed with
 
 
 @dataclass(frozen=True)
@@ -64,11 +67,8 @@ class Lead:
     t0: int
     t1: int
     t0_digest: str
-    fp: str = ""  # the import fingerprint it was computed for ("": restored from disk)
-    gen: int = -1  # the project's generation it was computed in
     t2: int = 0
-    recent: BlockKey = ()  # the blocks its T2 was computed for
-    defs: tuple = ()  # the editor's definitions its T1 was computed with
+    stamp: Stamp = Stamp()
 
     def t0_only(self) -> tuple[int, ...]:
         return self.tokens[:self.t0] + self.tokens[self.t0 + self.t1 + self.t2:]
@@ -159,8 +159,13 @@ class RepoLeads:
             return None
 
     # -- leads --------------------------------------------------------------------------------
-    def render(self, project: Project, t0: Tier, t1: Tier, rel: str, fp: str = "", gen: int = -1,
-               t2: Tier = EMPTY_T2, recent: BlockKey = (), defs: tuple = ()) -> Lead:
+    def stamp(self, project: Project, path: str, text: str) -> Stamp:
+        """What ``path``'s lead is computed for now (``text``: its current text)."""
+        return Stamp(imports_fingerprint(text), project.gen, project.recent.key(path),
+                     project.recent.definitions(path))
+
+    def render(self, project: Project, t0: Tier, t1: Tier, rel: str, t2: Tier = EMPTY_T2,
+               stamp: Stamp = Stamp()) -> Lead:
         """The lead of file ``rel`` from its tiers (each tier tokenized on its own: T0's tokens are
         the same for every file). T2, then T1, then T0, is left out when the lead would take more
         than half the slot."""
@@ -175,7 +180,7 @@ class RepoLeads:
             mid = []
         if len(head) + len(tail) > self.max_lead:
             head = tokenize_segments(repo_head(self.fmt, project.name), vocab)
-        return Lead(tuple(head + mid + vol + tail), len(head), len(mid), t0.digest, fp, gen, len(vol), recent, defs)
+        return Lead(tuple(head + mid + vol + tail), len(head), len(mid), t0.digest, len(vol), stamp)
 
     def known(self, project: Project, path: str) -> Lead | None:
         """The lead last computed for ``path``, else the one its saved tiers give (after a restart)."""
@@ -247,9 +252,7 @@ class RepoLeads:
             return False
         with self.lock:
             lead = self.leads.get(path)
-        if lead is None or lead.gen != project.gen or lead.fp != imports_fingerprint(f.text):
-            return True
-        if lead.defs != project.recent.definitions(path) or lead.recent != project.recent.key(path):
+        if lead is None or lead.stamp != self.stamp(project, path, f.text):
             return True
         return (f.session is not None and f.session.lead != lead.tokens and len(lead.tokens) > 0
                 and self.unfit.get(path) != lead.tokens)
@@ -300,6 +303,13 @@ class RepoLeads:
         if project is not None:
             project.recent.forget(path)
 
+    def mark_unfit(self, path: str, lead: Lead) -> None:
+        """The file's slot has no room for ``lead``: not tried again until the lead changes."""
+        with self.lock:
+            self.unfit[path] = lead.tokens
+            if len(self.unfit) > MAX_LEADS:
+                self.unfit.pop(next(iter(self.unfit)))
+
     def open_text(self, path: str) -> str | None:
         f = self.engine.files.get(path)
         return f.text if f is not None and f.open else None
@@ -338,82 +348,3 @@ def _read(path: str, limit: int) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-def wait(fut: Future, should_stop):
-    """Steps until ``fut`` is done (Cancelled when ``should_stop`` says so: the work goes on, and a
-    later run finds it done)."""
-    while not fut.done():
-        if should_stop is not None and should_stop():
-            raise Cancelled()
-        time.sleep(POLL)
-        yield "wait"
-    return fut.result()
-
-
-def rebuild_steps(engine, path: str, should_stop=None):
-    """(Re)compute ``path``'s lead and, if its session uses another, prefill its current plan with
-    the new one and switch to it (idle steps; see the module's docstring)."""
-    repo: RepoLeads = engine.repo
-    project = repo.project_for(path)
-    if project is None or engine.remote is not None or not repo.stale(path):
-        return  # (replicas hold no local KV to keep a lead in)
-    try:
-        ctx = yield from wait(repo.built(project), should_stop)
-    except Cancelled:
-        raise
-    except Exception as e:  # noqa: BLE001 - an unreadable project: file-only plans
-        log.debug("%s: no repository context: %s", project.root, e)
-        return
-    f = engine.files.get(path)
-    rel = repo.rel(project, path)
-    if f is None or f.text is None or rel is None:
-        return
-    text, gen, recent = f.text, project.gen, project.recent
-    defs = recent.definitions(path)
-    extra = tuple((r, line) for p, line in defs if (r := repo.rel(project, p)) is not None)
-    t0, t1 = yield from wait(repo.pool.submit(lambda: (ctx.t0(), ctx.t1(rel, text, extra))), should_stop)
-    blocks = recent.key(path)
-    t2 = recent.tier(blocks, repo.open_text, lambda p: repo.rel(project, p))
-    lead = repo.render(project, t0, t1, rel, imports_fingerprint(text), gen, t2, blocks, defs)
-    repo.remember(path, lead, project, t0, t1, rel)
-    session = f.session
-    if session is None or (session.anchor is None and session.lead != lead.tokens):
-        # A file opened, no request yet: warm its top after the lead, so that its first request, which
-        # adopts a lead whose KV is at hand (adopt()), finds it, and its prefix's head after it.
-        with interruptible_planning(engine.planner, should_stop):  # a request never waits for the tokenizer
-            yield from top_steps(engine, path, text, should_stop, lead=lead.tokens)
-        return
-    if session.lead == lead.tokens:
-        return
-    bos = engine.planner.markers.bos
-    head = (*bos, *lead.tokens[:lead.t0])
-    if project.t0_done != lead.t0_digest:  # the T0 head alone: its own saved state, shared by every file
-        if engine.reuse.peek(np.asarray(head, dtype=np.int32)) < len(head):
-            yield from run_steps(engine, head, Options(max_tokens=0), RunOptions(
-                path=f"repo-t0:{project.root}", should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
-        project.t0_done = lead.t0_digest
-    old = session.anchor
-    planner = engine.planner_with(lead.tokens)
-    try:
-        # A reduced plan switches as it is, after the lead, and grows on from there: the switch costs
-        # the lead, not the full plan (which the user's typing may never leave time for).
-        room = planner.space(engine.config.max_tokens)
-        fits = old.reduced and len(old.prefix_tokens) + len(old.suffix_tokens) <= room
-        new = old if fits else planner.full_anchor(old, engine.config.max_tokens)
-    except EfimError as e:  # the slot is too small for this lead: not again until the lead changes
-        log.debug("%s: repository context left out: %s", path, e)
-        with repo.lock:
-            repo.unfit[path] = lead.tokens
-            if len(repo.unfit) > MAX_LEADS:
-                repo.unfit.pop(next(iter(repo.unfit)))
-        return
-    tokens = planner.stable_tokens(session.layout, new, session.typed)
-    yield from run_steps(engine, tokens, Options(max_tokens=0), RunOptions(
-        path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
-    if engine.files.get(path) is not f or f.session is not session or session.anchor is not old:
-        raise Cancelled()  # re-anchored meanwhile: again when idle (what was prefilled stays in its slot)
-    repo.use(session, path, lead, lead.tokens)
-    session.anchor, session.note = new, REPO_CONTEXT
-    engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
-    log.debug("%s: repository context switched (%s)", path, lead.report(lead.tokens))
