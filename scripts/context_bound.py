@@ -17,12 +17,22 @@ scheduler:
 Its mean share is an upper bound for efim at that speed: if the bound is under a target, no
 scheduling meets the target on that machine without giving up exactness.
 
+A flat speed flatters the oracle: a request comes about every 200 ms while someone types, each costs a
+decode before its first text, and a batch that fits between two requests is small, so slow per token.
+``--batch-ms`` (measured ``llama_decode`` times by batch size, e.g. from ``--measure MODEL``) and
+``--request-ms`` (the least a request costs: one decode of one token) give a tighter bound: the oracle
+then knows every request's arrival in advance and fills each gap between two requests' first decodes
+with the biggest batches that end before the next request (never making one wait).
+
     python scripts/context_bound.py --trace click --speed 173      # the 0.5B shape's best batch rate here
     python scripts/context_bound.py --trace efim --speed 150 87
+    python scripts/context_bound.py --trace click --measure --model M.gguf   # batches and requests, measured
 """
 
 import argparse
 from pathlib import Path
+
+from tqdm import tqdm
 
 from efim_local.bench import paced
 from efim_local.bench import trace as tr
@@ -33,11 +43,22 @@ from efim_local.llama import Model
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--trace", default="efim", help="'efim', 'click' or a trace file")
 ap.add_argument("--model", type=Path, required=True, help="the GGUF whose vocabulary plans (e.g. the 0.5B shape)")
-ap.add_argument("--speed", type=float, nargs="+", required=True, help="prefill tokens per second (one or more)")
+ap.add_argument("--speed", type=float, nargs="*", default=[], help="prefill tokens per second (one or more)")
+ap.add_argument("--batch-ms", default=None,
+                help="'B:MS,...': llama_decode ms per batch of B tokens (gaps between requests are packed)")
+ap.add_argument("--request-ms", type=float, default=None, help="engine ms each request takes before the next gap")
+ap.add_argument("--answer-tokens", type=int, default=0, help="each request then generates up to this many tokens "
+                "(one decode each) until the next keystroke stops it, as efim's answers do")
+ap.add_argument("--measure", action="store_true", help="time --model's batches on this machine (at --measure-ctx "
+                "tokens of context) for --batch-ms, and a one-token decode for --request-ms")
+ap.add_argument("--measure-ctx", type=int, default=1024)
+ap.add_argument("--measure-threads", type=int, default=0, help="threads for --measure (0: all cores)")
 ap.add_argument("--n-ctx", type=int, default=4096, help="tokens per slot, as the paced replay's --n-ctx")
 ap.add_argument("--requests", type=int, default=200)
 ap.add_argument("--max-tokens", type=int, default=16, help="the answer's room, as the paced replay's")
 args = ap.parse_args()
+if not args.speed and not (args.batch_ms or args.measure):
+    ap.error("give --speed, --batch-ms or --measure")
 
 # -- the trace, as the paced replay fires it ---------------------------------------------------------
 steps = paced.steps(tr.load(tr.resolve(args.trace)))
@@ -63,7 +84,55 @@ for k, s in enumerate(steps):
     if s.kind in ("open", "jump"):
         plans[k] = hunk_plan(s.doc, s.cursor)
 
-for speed in args.speed:
+def measure_batches(sizes=(1, 2, 4, 8, 16, 32, 64, 128), reps=5) -> dict[int, float]:
+    """Median ms of one llama_decode of B new tokens after ``--measure-ctx`` cached ones."""
+    import time
+
+    import numpy as np
+
+    from efim_local.config import ContextParams
+    from efim_local.llama import Batch, Context
+
+    threads = args.measure_threads
+    ctx = Context(Model(args.model), ContextParams(n_ctx_seq=args.n_ctx, n_slots=1, n_threads=threads,
+                                                   n_threads_batch=threads))
+    batch = Batch(512)
+    toks = np.random.default_rng(0).integers(100, model.n_vocab - 100, args.measure_ctx + max(sizes)).tolist()
+    for i in range(0, args.measure_ctx, 256):
+        batch.clear()
+        batch.extend(toks[i:min(i + 256, args.measure_ctx)], i, 0)
+        ctx.decode(batch)
+    out = {}
+    for b in tqdm(sizes, desc="batches", leave=False):
+        times = []
+        for _ in range(reps):
+            batch.clear()
+            batch.extend(toks[args.measure_ctx:args.measure_ctx + b], args.measure_ctx, 0)
+            batch.raw.logits[b - 1] = True
+            t = time.perf_counter()
+            ctx.decode(batch)
+            times.append((time.perf_counter() - t) * 1e3)
+            ctx.seq_rm(0, args.measure_ctx, -1)
+        out[b] = sorted(times)[reps // 2]
+    ctx.close()
+    return out
+
+
+def packer(batch_ms: dict[int, float]):
+    """tokens(span_ms): the most tokens batches of the measured sizes prefill within ``span_ms``."""
+    sizes = sorted(batch_ms, reverse=True)
+
+    def tokens(span: float) -> float:
+        n = 0
+        for b in sizes:
+            k = int(span // batch_ms[b])
+            n, span = n + k * b, span - k * batch_ms[b]
+        return n
+    return tokens
+
+
+def bound(rate) -> float:
+    """The oracle's mean share when ``rate(path, t0, t1)`` tokens are prefilled for ``path`` from t0 to t1."""
     shares, held, cached, since = [], {}, {}, {}
     k = 0
     for f, denominator in zip(fired, full):
@@ -72,15 +141,50 @@ for speed in args.speed:
             if j in plans:
                 new, old = plans[j], held.get(s.path, [])
                 if s.path in since:  # what was prefilled since the file's last event counts too
-                    cached[s.path] = min(len(old), cached[s.path] + speed * (s.t - since[s.path]))
+                    cached[s.path] = min(len(old), cached[s.path] + rate(since[s.path], s.t))
                 n = 0
                 limit = min(len(old), len(new), int(cached.get(s.path, 0)))
                 while n < limit and old[n] == new[n]:
                     n += 1
                 held[s.path], cached[s.path], since[s.path] = new, n, s.t
         k = f.step + 1
-        cached[f.path] = min(len(held[f.path]), cached[f.path] + speed * (f.t - since[f.path]))
+        cached[f.path] = min(len(held[f.path]), cached[f.path] + rate(since[f.path], f.t))
         since[f.path] = f.t
         shares.append(min(1.0, cached[f.path] / max(1, denominator)))
-    print(f"{args.trace} trace, {len(shares)} requests, {speed:.0f} tokens/s: "
-          f"the oracle's mean context share is {sum(shares) / len(shares):.0%}")
+    return sum(shares) / len(shares)
+
+
+for speed in args.speed:
+    print(f"{args.trace} trace, {len(fired)} requests, {speed:.0f} tokens/s: "
+          f"the oracle's mean context share is {bound(lambda t0, t1: speed * (t1 - t0)):.0%}")
+
+if args.batch_ms or args.measure:
+    if args.measure:
+        batch_ms = measure_batches()
+        print("measured llama_decode at", args.measure_ctx, "tokens of context:",
+              ", ".join(f"{b}: {ms:.1f} ms ({b / ms * 1e3:.0f} tok/s)" for b, ms in batch_ms.items()))
+    else:
+        batch_ms = {int(b): float(ms) for b, ms in (kv.split(":") for kv in args.batch_ms.split(","))}
+    request_ms = args.request_ms if args.request_ms is not None else batch_ms[min(batch_ms)]
+    tokens = packer(batch_ms)
+    # Each gap between two requests is packed whole (the oracle knows when the next one comes); a span
+    # that cuts a gap (a jump inside it) gets its share of the gap's tokens, pro rata.
+    edges = [0.0] + [f.t for f in fired] + [fired[-1].t + 60.0]
+    # A request's engine time: its first decode, then its answer's tokens until the next keystroke.
+    busy = [0.0] + [request_ms + min(args.answer_tokens * batch_ms[min(batch_ms)],
+                                     max(0.0, (f.next_key_t - f.t) * 1e3 - request_ms)) for f in fired]
+    packed = [tokens(max(0.0, (b - a) * 1e3 - cost)) for (a, b), cost in zip(zip(edges, edges[1:]), busy)]
+
+    def rate(t0: float, t1: float) -> float:
+        """Tokens prefilled from t0 to t1 (see above)."""
+        n = 0.0
+        for (a, b), p in zip(zip(edges, edges[1:]), packed):
+            overlap = min(b, t1) - max(a, t0)
+            if overlap > 0 and b > a:
+                n += p * overlap / (b - a)
+        return n
+
+    best = max(b / ms for b, ms in batch_ms.items()) * 1e3
+    answers = f", answers of up to {args.answer_tokens} tokens" if args.answer_tokens else ""
+    print(f"{args.trace} trace, {len(fired)} requests, batches packed between requests ({request_ms:.1f} ms each{answers}, "
+          f"best batch {best:.0f} tokens/s): the oracle's mean context share is {bound(rate):.0%}")

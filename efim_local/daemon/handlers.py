@@ -57,6 +57,7 @@ class Handlers:
         req = CompletionRequest.from_params(p, text, cursor, path)
         if msg.is_notification:
             raise InvalidRequest("invalid request: complete needs an id")
+        self.engine.pace.requested()
         self.worker.submit(Job(msg.id, path, req, conn, stream=param(p, "stream", bool, False)))
         return DEFERRED
 
@@ -72,6 +73,7 @@ class Handlers:
 
     def did_change(self, conn, msg):
         f = self.documents.change(msg.params)
+        self.engine.pace.typed()  # idle work may take a bigger batch before the next request can come
         return {"path": f.path, "version": f.version}
 
     def did_close(self, conn, msg):
@@ -130,7 +132,8 @@ class Handlers:
                      "queued": self.worker.queued(), "idle_tasks": self.worker.idle_pending(),
                      "served": self.worker.served, "errors": self.worker.errors,
                      "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else [],
-                     "accepted": dict(self.acceptance), "definitions": dict(self.definitions_seen)})
+                     "accepted": dict(self.acceptance), "definitions": dict(self.definitions_seen),
+                     "editor_debounce_ms": round(self.engine.pace.debounce_s * 1e3)})
         spent = dict(self.worker.scheduler.spent)  # where the engine's time went, by kind of work
         info.update(requests=self.worker.stats.summary(), python_threads=threading.active_count(),
                     engine_time_s={k: round(v, 2) for k, v in sorted(spent.items())})

@@ -286,6 +286,7 @@ def calibrate_steps(engine, should_stop=None, n: int = 64):
 
 
 QUIET_SHARE = 0.5  # an idle chunk may last this share of the time since the last foreground work
+WINDOW_SHARE = 0.9  # and this share of the time before the next request can come (the speed is an estimate)
 
 
 def idle_chunk(engine, n_ctx: int) -> int:
@@ -294,18 +295,24 @@ def idle_chunk(engine, n_ctx: int) -> int:
     the last request or call goes on (half of it), since a bigger batch prefills more tokens a second
     (0.5B shape at 1,000 tokens of context: 113 tokens/s in batches of 8, 158 in 32, 173 in 64, 177 in
     128, measured with llama_decode alone) and a request that comes
-    stops it anyway (``Engine.interrupt``). While someone types, keys come every ~200 ms and chunks
-    stay small; at a pause they grow. Sets ``engine.patience_s``: the time of a chunk of the usual size."""
+    stops it anyway (``Engine.interrupt``). After a keystroke, until the next request can come (the
+    editor's debounce, ``engine.pace``): what ends by then, bigger or smaller than that (a batch a
+    request stops is lost). While someone types, keys come every ~200 ms and chunks stay small; at
+    a pause they grow. Sets ``engine.patience_s``: the time of a chunk of the usual size."""
     cap = engine.config.idle_chunk_tokens
     if not engine.speed.known:
         return cap
     base_ms = engine.config.idle_chunk_ms
     base = max(8, min(cap, engine.speed.max_new(base_ms, n_ctx)))
     engine.patience_s = engine.speed.predict_ms(base, n_ctx) / 1e3
-    quiet_ms = (time.perf_counter() - engine.active_at) * 1e3
-    if quiet_ms * QUIET_SHARE <= base_ms:
+    now = time.perf_counter()
+    window_ms = engine.pace.window_s(now) * 1e3
+    if window_ms > 0:  # no request before the editor's debounce ends: a batch that ends by then, however small
+        return max(1, min(cap, engine.speed.max_new(window_ms * WINDOW_SHARE, n_ctx)))
+    quiet_ms = (now - engine.active_at) * 1e3 * QUIET_SHARE
+    if quiet_ms <= base_ms:
         return base
-    return max(base, min(cap, engine.speed.max_new(quiet_ms * QUIET_SHARE, n_ctx)))
+    return max(base, min(cap, engine.speed.max_new(quiet_ms, n_ctx)))
 
 
 TaskFn = Callable  # (engine, should_stop) -> a generator of steps, or None when done at once

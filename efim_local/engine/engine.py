@@ -32,6 +32,7 @@ from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .reuse import Reuse
 from .run import RunOptions, complete_steps, run_steps
 from .slots import SlotManager
+from .pace import Pace
 from .speed import PrefillSpeed, load_speed, save_speed, speed_key
 from .status import engine_status
 
@@ -106,6 +107,7 @@ class Engine:
             self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
             self.active_at = 0.0  # perf_counter() of the latest foreground work (the scheduler's)
             self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
+            self.pace = Pace()  # keystrokes and requests: when the next request can come (idle chunks' size)
             self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)

@@ -39,6 +39,7 @@ from .run import RunOptions, complete_steps
 log = logging.getLogger("efim.engine")
 
 SAVE_DELAY = 0.5  # seconds of quiet before dirty slots are saved: a burst of keystrokes is saved once
+HOLD_SHARE = 4  # idle work waits for a due request when less is left than this fraction of a usual chunk
 IDLE_GRACE = 0.05  # seconds after a reply before idle work starts: a request right behind it never waits
 
 
@@ -87,6 +88,7 @@ class Scheduler:
         self.last_path: str | None = None
         self.save_at: float | None = None
         self.idle_at = 0.0
+        self.held_at: float | None = None  # since when idle work waits for a request that is due
         self.spent: dict[str, float] = {}  # engine seconds by kind of work (status: where the time goes)
 
     def _spend(self, kind: str, since: float) -> None:
@@ -220,6 +222,9 @@ class Scheduler:
                     work = ("background", None)
             kind, item = work
             t = time.perf_counter()
+            if self.held_at is not None:  # idle work waited for a request that was due (pace.py)
+                self.spent["held"] = self.spent.get("held", 0.0) + t - self.held_at
+                self.held_at = None
             if kind != "background":
                 self._close_background()  # a request or a call comes first: background work goes on later
                 self._spend("background", t)
@@ -291,7 +296,9 @@ class Scheduler:
                 self.running.remove(task)
         task.steps = None
         now = time.monotonic()
-        self.save_at, self.idle_at = now + SAVE_DELAY, now + IDLE_GRACE
+        # Right after a keystroke the next request cannot come before the editor's debounce (pace.py)
+        grace = 0.0 if self.engine.pace.window_s() > IDLE_GRACE else IDLE_GRACE
+        self.save_at, self.idle_at = now + SAVE_DELAY, now + grace
         self.engine.active_at = time.perf_counter()
         try:
             task.done(out, err)
@@ -312,6 +319,11 @@ class Scheduler:
             task = self.current
             if self.waits():
                 return  # foreground work came since the loop chose this
+            hold = self.engine.pace.hold_s(self.engine.patience_s / HOLD_SHARE)
+            if hold > 0:  # a request is due before the smallest batch would end: it would stop it
+                self.idle_at = time.monotonic() + hold
+                self.held_at = self.held_at or time.perf_counter()
+                return
             self.engine.interruptible(True)  # under the lock: a request queued from now on stops it
         try:
             if task.steps is None:

@@ -67,6 +67,23 @@ def test_synced_document_and_streaming(daemon):
         assert e.value.code == P.INVALID_PARAMS and "not open" in e.value.message
 
 
+def test_the_daemon_learns_the_editors_debounce(daemon):
+    """An editor that asks for a completion 120 ms after each keystroke: after a few requests the
+    daemon knows no request comes sooner (status ``editor_debounce_ms``), and sizes idle work by it.
+    (Enough requests that those of the other tests, which may ask at once, are forgotten.)"""
+    from efim_local.engine.pace import SAMPLES
+
+    with daemon.client() as c:
+        c.call("didOpen", {"path": "paced.py", "text": LONG[:1500], "version": 1})
+        for v in range(2, SAMPLES + 3):
+            c.call("didChange", {"path": "paced.py", "version": v, "contentChanges": [
+                {"range": {"start": {"line": 2, "character": 0}, "end": {"line": 2, "character": 0}}, "text": "x"}]})
+            time.sleep(0.12)
+            c.call("complete", {"path": "paced.py", "position": {"line": 2, "character": v - 1}, "max_tokens": 2})
+        assert 115 <= c.call("status")["editor_debounce_ms"] <= 1000
+        c.call("didClose", {"path": "paced.py"})
+
+
 def raw_exchange(daemon, frames: list[bytes], wait_for=1) -> list[dict]:
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(daemon.sock))

@@ -146,3 +146,24 @@ def test_idle_chunks_grow_in_a_quiet_spell(tiny_model):
         e.active_at -= 10
         assert e.idle_chunk(0) == 64
         assert e.patience_s == pytest.approx(0.05)  # the usual chunk's time, for Engine.interrupt
+
+
+def test_idle_chunks_fill_the_window_a_keystroke_opens(tiny_model):
+    """Right after a keystroke no request can come before the editor's debounce (learned: pace.py):
+    an idle chunk may fill most of that window, though a request just ran."""
+    from efim_local.engine import Engine
+    from efim_local.engine.speed import PrefillSpeed
+
+    from tests.helpers import small_config
+
+    with Engine(small_config(idle_chunk_ms=50, idle_chunk_tokens=64), tiny_model) as e:
+        e.speed = PrefillSpeed.fixed(5.0)  # 5 ms a token
+        now = time.perf_counter()
+        for k in range(5):  # an editor with a 150 ms debounce
+            e.pace.typed(now - 10 + k)
+            e.pace.requested(now - 10 + k + 0.15)
+        e.active_at = now
+        assert e.idle_chunk(0) == 10  # no keystroke since the last request: the usual chunk
+        e.pace.typed(time.perf_counter())
+        assert 24 <= e.idle_chunk(0) <= 27  # 90% of the ~150 ms left, 5 ms a token
+        assert e.patience_s == pytest.approx(0.05)
