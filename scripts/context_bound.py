@@ -132,7 +132,7 @@ def packer(batch_ms: dict[int, float]):
 
 
 def bound(rate) -> float:
-    """The oracle's mean share when ``rate(path, t0, t1)`` tokens are prefilled for ``path`` from t0 to t1."""
+    """The oracle's mean share when ``rate(t0, t1)`` tokens are prefilled for the current file from t0 to t1."""
     shares, held, cached, since = [], {}, {}, {}
     k = 0
     for f, denominator in zip(fired, full):
@@ -155,8 +155,9 @@ def bound(rate) -> float:
 
 
 for speed in args.speed:
+    share = bound(lambda t0, t1, speed=speed: speed * (t1 - t0))
     print(f"{args.trace} trace, {len(fired)} requests, {speed:.0f} tokens/s: "
-          f"the oracle's mean context share is {bound(lambda t0, t1: speed * (t1 - t0)):.0%}")
+          f"the oracle's mean context share is {share:.0%}")
 
 if args.batch_ms or args.measure:
     if args.measure:
@@ -186,5 +187,5 @@ if args.batch_ms or args.measure:
 
     best = max(b / ms for b, ms in batch_ms.items()) * 1e3
     answers = f", answers of up to {args.answer_tokens} tokens" if args.answer_tokens else ""
-    print(f"{args.trace} trace, {len(fired)} requests, batches packed between requests ({request_ms:.1f} ms each{answers}, "
-          f"best batch {best:.0f} tokens/s): the oracle's mean context share is {bound(rate):.0%}")
+    print(f"{args.trace} trace, {len(fired)} requests, batches packed between requests ({request_ms:.1f} ms each"
+          f"{answers}, best batch {best:.0f} tokens/s): the oracle's mean context share is {bound(rate):.0%}")

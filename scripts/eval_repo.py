@@ -65,6 +65,8 @@ ap.add_argument("--name", default=None, help="results directory name (default: f
 ap.add_argument("--t1-only", action=argparse.BooleanOptionalAction, default=False,
                 help="also score T1 alone (no project map), a third condition")
 ap.add_argument("--report", action="store_true", help="summarise the saved results, score nothing")
+ap.add_argument("--hits", action="store_true", help="with --report: split the cross-file lines by whether T1 "
+                "holds the definition of a name the line uses (T1 recomputed from the exported trees)")
 args = ap.parse_args()
 name = args.name or f"{'gemma' if args.model == 'gemma' else Path(args.model).stem}-{args.mode}"
 out_dir = bu.RESULTS / f"repo-{name}"
@@ -107,9 +109,51 @@ def report() -> None:
     secs = sum(r.get("seconds", 0) for r in rows.values())
     ctx_tok = np.mean([r["ctx_tokens"] - r["file_tokens"] for r in rows.values()])
     print(f"{len(rows)} cursors; {secs / 60:.1f} min of scoring; repository context {ctx_tok:.0f} tokens on average")
+    if args.hits and args.mode == "bpc":
+        hits(rows)
     print("saved", bu.save(f"repo-{name}-summary", {"args": vars(args), "summary": summary, "cursors": len(rows)}))
 
 
+def hits(rows: dict) -> None:
+    """The cross-file lines' gain, split by whether T1 holds a definition the line refers to (its
+    header line is in T1): how much a better choice of T1 could gain at most on this model."""
+    from efim_local.repo.tiers import used_targets
+
+    split: dict[bool, list] = {True: [], False: []}
+    indexes: dict[str, RepoIndex] = {}
+    for r in (r for r in rows.values() if r["cross"]):
+        tree = Path("/tmp/efim-eval-repo") / f"{r['repo']}-{r['commit'][:12]}"
+        if not tree.exists():
+            continue
+        index = indexes.setdefault(r["repo"], RepoIndex.build(tree, r["repo"]))
+        text = (tree / r["path"]).read_text("utf-8", errors="replace")
+        lines = text.split("\n")
+        line = lines[r["line"]]
+        start = sum(len(x) + 1 for x in lines[:r["line"]])
+        rest = (text[:start] + text[start + len(line) + 1:]).encode()
+        t1 = "\n".join(p.text for p in file_context(index, r["path"], rest, limits_of(args)).pieces)
+        on_line = used_targets(index, r["path"], line.encode() + b"\n" + rest)  # as the file uses them...
+        on_line = {t for t in on_line if t.definition is not None and any(  # ...those the line names
+            w == t.definition.name for w in WORD.findall(line))}
+        heads = [(index.root / t.path).read_text("utf-8", errors="replace").split("\n")[t.definition.line].strip()
+                 for t in on_line]
+        split[any(h and h in t1 for h in heads)].append(r)
+    out = []
+    for held, sel in split.items():
+        if sel:
+            ch = np.array([r["chars"] for r in sel], dtype=float)
+            g = bootstrap(np.array([r["bits_file"] - r["bits_ctx"] for r in sel]), ratio_of=ch, seed=args.seed, n=2000)
+            out.append({"T1 holds a definition the line names": "yes" if held else "no", "cursors": len(sel),
+                        "gain": f"{g[0]:.3f}", "95% CI": f"{g[1]:+.3f} to {g[2]:+.3f}"})
+    print(bu.table(out, list(out[0])))
+
+
+def limits_of(a) -> TierLimits:
+    return TierLimits(t0_chars=a.t0_chars, t1_chars=a.t1_chars, t1_first_lines=a.t1_first_lines,
+                      t1_snippet_chars=a.t1_snippet_chars)
+
+
+WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 if args.report:
     report()
     raise SystemExit(0)
@@ -133,7 +177,6 @@ def checkout(repo: str) -> tuple[str, Path, str]:
     return short, dest, sha
 
 
-WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 rng = random.Random(args.seed)
 repos, cursors = {}, []
 k_shard, n_shard = (int(x) for x in args.shard.split("/"))
@@ -268,8 +311,7 @@ def t0_for(short: str, rel: str) -> Tier:
 
 seqs = (Seq(0), Seq(1), Seq(2))
 t0_cache: dict = {}
-limits = TierLimits(t0_chars=args.t0_chars, t1_chars=args.t1_chars, t1_first_lines=args.t1_first_lines,
-                    t1_snippet_chars=args.t1_snippet_chars)
+limits = limits_of(args)
 t_start = time.perf_counter()
 with out_file.open("a") as out:
     for k, ((short, rel, i, start), flags) in enumerate(todo):

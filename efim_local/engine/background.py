@@ -140,7 +140,8 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
     full = planner.full_anchor(partial, engine.config.max_tokens)
     tokens = planner.stable_tokens(session.layout, full, session.typed)
-    ro = RunOptions(path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True, light=light)
+    chunk = (lambda n_ctx: riding_chunk(engine, n_ctx)) if light else engine.idle_chunk
+    ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light)
     # A stage growth has passed is computed again (with the text typed since) in a copy of the slot
     # that holds the full plan further: never at the cost of that progress.
     refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, full))])
@@ -204,7 +205,7 @@ class Alongside:
             return
         if self.yield_to is not None and self.yield_to():
             return
-        deadline = t + self.engine.config.idle_chunk_ms / 1e3
+        deadline = t + riding_s(self.engine)
         stop = lambda: (time.perf_counter() >= deadline or (self.should_stop is not None and self.should_stop())
                         or (self.yield_to is not None and self.yield_to()))
         try:
@@ -313,6 +314,23 @@ def idle_chunk(engine, n_ctx: int) -> int:
     if quiet_ms <= base_ms:
         return base
     return max(base, min(cap, engine.speed.max_new(quiet_ms, n_ctx)))
+
+
+def riding_s(engine) -> float:
+    """How long growth riding along a request may run at once: ``idle_chunk_ms``, or most of the
+    editor's debounce once it is known (``engine.pace``): the request it rides along cannot be
+    waited for (its next token is not shown before the chunk ends, and a keystroke cancels it), and
+    a keystroke during the chunk sends the next request only after the debounce, so none waits."""
+    return max(engine.config.idle_chunk_ms / 1e3, engine.pace.debounce_s * WINDOW_SHARE)
+
+
+def riding_chunk(engine, n_ctx: int) -> int:
+    """Tokens per chunk of growth riding along a request: what prefills in :func:`riding_s`."""
+    base = idle_chunk(engine, n_ctx)
+    if not engine.speed.known:
+        return base
+    cap = engine.config.idle_chunk_tokens
+    return max(base, min(cap, engine.speed.max_new(riding_s(engine) * 1e3, n_ctx)))
 
 
 TaskFn = Callable  # (engine, should_stop) -> a generator of steps, or None when done at once

@@ -64,7 +64,7 @@ class Pace:
         and a batch it stops is lost. 0: go on."""
         now = time.perf_counter() if now is None else now
         debounce = self.debounce_s
-        if not debounce or self.key_at <= self.request_at:
+        if need_s <= 0 or not debounce or self.key_at <= self.request_at:
             return 0.0
         due = self.key_at + debounce
         if due - now >= need_s or now >= due + SLACK_S:

@@ -24,6 +24,7 @@ from .files import Files
 from .instant import Instant, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .slots import SlotManager
+from .pace import Pace
 from .speed import PrefillSpeed
 
 log = logging.getLogger("efim.engine")
@@ -72,6 +73,7 @@ class RemoteEngine(Engine):
             self.slots, self.files, self.reuse = SlotManager(0), Files(), _NoReuse()
             self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
             self.speed, self._saved_speed = PrefillSpeed(), 0
+            self.pace, self.patience_s = Pace(), 0.0  # (no local batches: idle work never holds for a request)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             self.default_layout, self.layout_reason = choose_layout(
                 self.model.meta, config.layout, self.template.source == "text")
