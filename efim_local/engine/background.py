@@ -297,8 +297,7 @@ def idle_chunk(engine, n_ctx: int) -> int:
     (0.5B shape at 1,000 tokens of context: 113 tokens/s in batches of 8, 158 in 32, 173 in 64, 177 in
     128, measured with llama_decode alone) and a request that comes
     stops it anyway (``Engine.interrupt``). After a keystroke, until the next request can come (the
-    editor's debounce, ``engine.pace``): what ends by then, bigger or smaller than that (a batch a
-    request stops is lost). While someone types, keys come every ~200 ms and chunks stay small; at
+    editor's debounce, ``engine.pace``): what ends by then, if that is more. While someone types, keys come every ~200 ms and chunks stay small; at
     a pause they grow. Sets ``engine.patience_s``: the time of a chunk of the usual size."""
     cap = engine.config.idle_chunk_tokens
     if not engine.speed.known:
@@ -308,8 +307,9 @@ def idle_chunk(engine, n_ctx: int) -> int:
     engine.patience_s = engine.speed.predict_ms(base, n_ctx) / 1e3
     now = time.perf_counter()
     window_ms = engine.pace.window_s(now) * 1e3
-    if window_ms > 0:  # no request before the editor's debounce ends: a batch that ends by then, however small
-        return max(1, min(cap, engine.speed.max_new(window_ms * WINDOW_SHARE, n_ctx)))
+    if window_ms > 0:  # no request before the editor's debounce ends: a batch that ends by then
+        # (never smaller than the usual chunk: on a slow model tiny batches waste more than a stopped one)
+        return max(base, min(cap, engine.speed.max_new(window_ms * WINDOW_SHARE, n_ctx)))
     quiet_ms = (now - engine.active_at) * 1e3 * QUIET_SHARE
     if quiet_ms <= base_ms:
         return base
