@@ -47,8 +47,8 @@ ap.add_argument("--speed", type=float, nargs="*", default=[], help="prefill toke
 ap.add_argument("--batch-ms", default=None,
                 help="'B:MS,...': llama_decode ms per batch of B tokens (gaps between requests are packed)")
 ap.add_argument("--request-ms", type=float, default=None, help="engine ms each request takes before the next gap")
-ap.add_argument("--answer-tokens", type=int, default=0, help="each request then generates up to this many tokens "
-                "(one decode each) until the next keystroke stops it, as efim's answers do")
+ap.add_argument("--answer-tokens", type=int, default=0, help="each request then streams up to this many tokens "
+                "at full speed (one decode each) until the next keystroke stops it")
 ap.add_argument("--measure", action="store_true", help="time --model's batches on this machine (at --measure-ctx "
                 "tokens of context) for --batch-ms, and a one-token decode for --request-ms")
 ap.add_argument("--measure-ctx", type=int, default=1024)
@@ -90,7 +90,6 @@ def measure_batches(sizes=(1, 2, 4, 8, 16, 32, 64, 128), reps=5) -> dict[int, fl
 
     import numpy as np
 
-    from efim_local.config import ContextParams
     from efim_local.llama import Batch, Context
 
     threads = args.measure_threads
@@ -119,12 +118,17 @@ def measure_batches(sizes=(1, 2, 4, 8, 16, 32, 64, 128), reps=5) -> dict[int, fl
 
 
 def packer(batch_ms: dict[int, float]):
-    """tokens(span_ms): the most tokens batches of the measured sizes prefill within ``span_ms``."""
-    sizes = sorted(batch_ms, reverse=True)
+    """tokens(span_ms): the most tokens batches of the measured sizes prefill within ``span_ms``
+    (largest first; a size slower per token than a smaller one is never worth it)."""
+    sizes, best = [], 0.0
+    for b in sorted(batch_ms):
+        if b / batch_ms[b] > best:
+            sizes.append(b)
+            best = b / batch_ms[b]
 
-    def tokens(span: float) -> float:
+    def tokens(span: float) -> int:
         n = 0
-        for b in sizes:
+        for b in reversed(sizes):
             k = int(span // batch_ms[b])
             n, span = n + k * b, span - k * batch_ms[b]
         return n
@@ -168,22 +172,17 @@ if args.batch_ms or args.measure:
         batch_ms = {int(b): float(ms) for b, ms in (kv.split(":") for kv in args.batch_ms.split(","))}
     request_ms = args.request_ms if args.request_ms is not None else batch_ms[min(batch_ms)]
     tokens = packer(batch_ms)
-    # Each gap between two requests is packed whole (the oracle knows when the next one comes); a span
-    # that cuts a gap (a jump inside it) gets its share of the gap's tokens, pro rata.
+    # Between two requests the engine is free after the first one's own work (its first decode, then
+    # its answer until the next keystroke); the oracle packs each free span between two events (a
+    # jump changes the plan: no batch spans it) with the best batches.
     edges = [0.0] + [f.t for f in fired] + [fired[-1].t + 60.0]
-    # A request's engine time: its first decode, then its answer's tokens until the next keystroke.
     busy = [0.0] + [request_ms + min(args.answer_tokens * batch_ms[min(batch_ms)],
                                      max(0.0, (f.next_key_t - f.t) * 1e3 - request_ms)) for f in fired]
-    packed = [tokens(max(0.0, (b - a) * 1e3 - cost)) for (a, b), cost in zip(zip(edges, edges[1:]), busy)]
+    free = [(a + cost / 1e3, b) for (a, b), cost in zip(zip(edges, edges[1:]), busy)]
 
     def rate(t0: float, t1: float) -> float:
         """Tokens prefilled from t0 to t1 (see above)."""
-        n = 0.0
-        for (a, b), p in zip(zip(edges, edges[1:]), packed):
-            overlap = min(b, t1) - max(a, t0)
-            if overlap > 0 and b > a:
-                n += p * overlap / (b - a)
-        return n
+        return sum(tokens((min(b, t1) - max(a, t0)) * 1e3) for a, b in free if min(b, t1) > max(a, t0))
 
     best = max(b / ms for b, ms in batch_ms.items()) * 1e3
     answers = f", answers of up to {args.answer_tokens} tokens" if args.answer_tokens else ""

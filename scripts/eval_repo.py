@@ -124,7 +124,7 @@ def hits(rows: dict) -> None:
     for r in (r for r in rows.values() if r["cross"]):
         tree = Path("/tmp/efim-eval-repo") / f"{r['repo']}-{r['commit'][:12]}"
         if not tree.exists():
-            continue
+            raise SystemExit(f"{tree} is missing: run a scoring pass first (it exports the trees)")
         index = indexes.setdefault(r["repo"], RepoIndex.build(tree, r["repo"]))
         text = (tree / r["path"]).read_text("utf-8", errors="replace")
         lines = text.split("\n")
@@ -135,9 +135,12 @@ def hits(rows: dict) -> None:
         on_line = used_targets(index, r["path"], line.encode() + b"\n" + rest)  # as the file uses them...
         on_line = {t for t in on_line if t.definition is not None and any(  # ...those the line names
             w == t.definition.name for w in WORD.findall(line))}
-        heads = [(index.root / t.path).read_text("utf-8", errors="replace").split("\n")[t.definition.line].strip()
-                 for t in on_line]
-        split[any(h and h in t1 for h in heads)].append(r)
+        heads = []  # each definition's header line (past its decorators): the one that names it
+        for t in on_line:
+            src = (index.root / t.path).read_text("utf-8", errors="replace").split("\n")
+            d = t.definition
+            heads += [ln.strip() for ln in src[d.line:d.line + max(1, d.sig_lines)] if d.name in ln][:1]
+        split[any(h in t1 for h in heads)].append(r)
     out = []
     for held, sel in split.items():
         if sel:

@@ -54,6 +54,18 @@ def wait_until(condition, timeout: float = 30.0, what: str = "", every: float = 
 
 # -- source texts -----------------------------------------------------------------------------
 @cache
+def taught(debounce: float, now: float, n: int = 16):
+    """A Pace (engine/pace.py) that saw ``n`` keystrokes, each followed by a request ``debounce``
+    seconds later, the last one more than a second before ``now``."""
+    from efim_local.engine.pace import Pace
+
+    p = Pace()
+    for k in range(n):
+        p.typed(now - 1 - n + k)
+        p.requested(now - 1 - n + k + debounce)
+    return p
+
+
 def sources() -> tuple[str, ...]:
     """Standard-library sources longer than 6000 characters, in a fixed order (12 of them)."""
     from efim_local.training.corpus import read_texts, stdlib_files

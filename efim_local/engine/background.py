@@ -292,13 +292,14 @@ WINDOW_SHARE = 0.9  # and this share of the time before the next request can com
 
 def idle_chunk(engine, n_ctx: int) -> int:
     """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about
-    ``idle_chunk_ms`` on this machine now, within [8, idle_chunk_tokens]; longer as the quiet since
-    the last request or call goes on (half of it), since a bigger batch prefills more tokens a second
-    (0.5B shape at 1,000 tokens of context: 113 tokens/s in batches of 8, 158 in 32, 173 in 64, 177 in
-    128, measured with llama_decode alone) and a request that comes
-    stops it anyway (``Engine.interrupt``). After a keystroke, until the next request can come (the
-    editor's debounce, ``engine.pace``): what ends by then, if that is more. While someone types, keys come every ~200 ms and chunks stay small; at
-    a pause they grow. Sets ``engine.patience_s``: the time of a chunk of the usual size."""
+    ``idle_chunk_ms`` on this machine now, within [8, idle_chunk_tokens]; more where a bigger batch
+    is safe, since it prefills more tokens a second (0.5B shape at 1,000 tokens of context: 122
+    tokens/s in batches of 8, 149 in 16, 180 in 32, 192 in 64, llama_decode alone):
+    - right after a keystroke, what ends before the next request can come (the editor's debounce,
+      ``engine.pace``): while someone types, keys come every ~200 ms;
+    - in a quiet spell, half the quiet so far: a request that comes stops it anyway
+      (``Engine.interrupt``).
+    Sets ``engine.patience_s``: the time of a chunk of the usual size."""
     cap = engine.config.idle_chunk_tokens
     if not engine.speed.known:
         return cap
@@ -309,28 +310,28 @@ def idle_chunk(engine, n_ctx: int) -> int:
     window_ms = engine.pace.window_s(now) * 1e3
     if window_ms > 0:  # no request before the editor's debounce ends: a batch that ends by then
         # (never smaller than the usual chunk: on a slow model tiny batches waste more than a stopped one)
-        return max(base, min(cap, engine.speed.max_new(window_ms * WINDOW_SHARE, n_ctx)))
-    quiet_ms = (now - engine.active_at) * 1e3 * QUIET_SHARE
-    if quiet_ms <= base_ms:
-        return base
-    return max(base, min(cap, engine.speed.max_new(quiet_ms, n_ctx)))
+        return at_least(engine, base, window_ms * WINDOW_SHARE, n_ctx)
+    return at_least(engine, base, (now - engine.active_at) * 1e3 * QUIET_SHARE, n_ctx)
 
 
 def riding_s(engine) -> float:
     """How long growth riding along a request may run at once: ``idle_chunk_ms``, or most of the
-    editor's debounce once it is known (``engine.pace``): the request it rides along cannot be
-    waited for (its next token is not shown before the chunk ends, and a keystroke cancels it), and
-    a keystroke during the chunk sends the next request only after the debounce, so none waits."""
+    editor's debounce once it is known (``engine.pace``): the answer it rides along is cancelled by
+    the next keystroke, and the request that keystroke sends comes only after the debounce (in the
+    daemon a request or a call that comes sooner stops the batch: ``Scheduler._step``)."""
     return max(engine.config.idle_chunk_ms / 1e3, engine.pace.debounce_s * WINDOW_SHARE)
 
 
 def riding_chunk(engine, n_ctx: int) -> int:
     """Tokens per chunk of growth riding along a request: what prefills in :func:`riding_s`."""
-    base = idle_chunk(engine, n_ctx)
+    return at_least(engine, idle_chunk(engine, n_ctx), riding_s(engine) * 1e3, n_ctx)
+
+
+def at_least(engine, base: int, ms: float, n_ctx: int) -> int:
+    """``base`` tokens, or more: what prefills in ``ms`` after ``n_ctx`` (at most ``idle_chunk_tokens``)."""
     if not engine.speed.known:
         return base
-    cap = engine.config.idle_chunk_tokens
-    return max(base, min(cap, engine.speed.max_new(riding_s(engine) * 1e3, n_ctx)))
+    return max(base, min(engine.config.idle_chunk_tokens, engine.speed.max_new(ms, n_ctx)))
 
 
 TaskFn = Callable  # (engine, should_stop) -> a generator of steps, or None when done at once

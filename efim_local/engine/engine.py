@@ -29,10 +29,10 @@ from .decode import Decoder, drive
 from .files import Files
 from .instant import Instant, ahead_steps, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
+from .pace import Pace
 from .reuse import Reuse
 from .run import RunOptions, complete_steps, run_steps
 from .slots import SlotManager
-from .pace import Pace
 from .speed import PrefillSpeed, load_speed, save_speed, speed_key
 from .status import engine_status
 

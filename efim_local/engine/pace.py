@@ -3,12 +3,13 @@
 Editors ask for a completion only after typing pauses for a debounce (the Neovim plugin: 150 ms),
 and every keystroke reaches the daemon at once as a ``didChange``. So right after a keystroke no
 request can come for about the debounce, and idle work can spend that window on one bigger batch
-(a prefill batch of 16-24 tokens runs at 150-165 tokens/s on the 0.5B shape on 2 cores, one of 8 at
-about 120; docs/benchmarks-context.md, "sixth session") instead of chunks sized for a request that
-may come any moment. The debounce is learned from what the editor does: the least time between a
+(on the 0.5B shape on 2 cores a batch of 16 tokens prefills 149 tokens/s, one of 8 about 120;
+docs/benchmarks-context.md, "sixth session") instead of chunks sized for a request that may come any
+moment. The debounce is learned from what the editor does: a low quantile of the times between a
 keystroke and the request after it, over recent requests. An editor that asks at once (no debounce)
-teaches 0, and nothing changes. A wrong guess costs no latency: a request that comes inside the
-window still stops the batch at once (``Engine.interrupt``); only the batch's work is lost.
+teaches 0, and nothing changes. A request that comes sooner than learned stops the batch as any
+request does (``Engine.interrupt``: at once, or at its end if little is left); only the batch's
+work is lost.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ MIN_SAMPLES = 4  # fewer: no guess
 MAX_GAP_S = 2.0  # a request later than this after the last keystroke tells nothing of the debounce
 MAX_DEBOUNCE_S = 1.0
 SLACK_S = 0.03  # how late after the debounce a request still comes (IPC, the editor's timer)
+QUANTILE = 4  # the debounce is the 1/QUANTILE-th smallest gap: a few requests asked at once (an accepted
+# suggestion's next one, a manual trigger, another client's) do not turn it off
+MAX_MISSES = 3  # keystrokes in a row whose debounce passed without a request (typing where no completion is
+# asked, another client's edits): idle work stops waiting for requests until one comes
 
 
 class Pace:
@@ -32,31 +37,42 @@ class Pace:
         self._lock = threading.Lock()
         self.key_at = 0.0  # perf_counter() of the latest keystroke (didChange)
         self.request_at = 0.0  # and of the latest request
+        self.misses = 0  # keystrokes in a row whose debounce passed without a request
         self.gaps: deque[float] = deque(maxlen=SAMPLES)  # keystroke -> next request, seconds
 
     def typed(self, now: float | None = None) -> None:
         """A document changed (a keystroke)."""
-        self.key_at = time.perf_counter() if now is None else now
+        now = time.perf_counter() if now is None else now
+        debounce = self.debounce_s
+        with self._lock:
+            if debounce and self.key_at > self.request_at and now > self.key_at + debounce + SLACK_S:
+                self.misses += 1
+            self.key_at = now
 
     def requested(self, now: float | None = None) -> None:
         """A completion request came."""
         now = time.perf_counter() if now is None else now
         with self._lock:
-            self.request_at = now
+            self.request_at, self.misses = now, 0
             gap = now - self.key_at
             if 0 <= gap <= MAX_GAP_S:
                 self.gaps.append(gap)
 
     @property
     def debounce_s(self) -> float:
-        """The least keystroke-to-request time seen lately (0 until enough requests were seen)."""
+        """The keystroke-to-request time the editor waits (a low quantile of the recent ones; 0 until
+        enough requests were seen)."""
         with self._lock:
-            return min(min(self.gaps), MAX_DEBOUNCE_S) if len(self.gaps) >= MIN_SAMPLES else 0.0
+            if len(self.gaps) < MIN_SAMPLES:
+                return 0.0
+            return min(sorted(self.gaps)[(len(self.gaps) - 1) // QUANTILE], MAX_DEBOUNCE_S)
 
     def window_s(self, now: float | None = None) -> float:
         """Seconds from ``now`` before which no request is expected (0: one may come any moment)."""
         now = time.perf_counter() if now is None else now
-        return max(0.0, self.key_at + self.debounce_s - now)
+        debounce = self.debounce_s
+        with self._lock:
+            return max(0.0, self.key_at + debounce - now) if debounce else 0.0
 
     def hold_s(self, need_s: float, now: float | None = None) -> float:
         """Seconds idle work should wait rather than start a batch of ``need_s``: a request is due (a
@@ -64,9 +80,10 @@ class Pace:
         and a batch it stops is lost. 0: go on."""
         now = time.perf_counter() if now is None else now
         debounce = self.debounce_s
-        if need_s <= 0 or not debounce or self.key_at <= self.request_at:
-            return 0.0
-        due = self.key_at + debounce
+        with self._lock:
+            if need_s <= 0 or not debounce or self.key_at <= self.request_at or self.misses >= MAX_MISSES:
+                return 0.0
+            due = self.key_at + debounce
         if due - now >= need_s or now >= due + SLACK_S:
             return 0.0
         return due + SLACK_S - now

@@ -23,8 +23,8 @@ from .engine import Engine, make_planner
 from .files import Files
 from .instant import Instant, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
-from .slots import SlotManager
 from .pace import Pace
+from .slots import SlotManager
 from .speed import PrefillSpeed
 
 log = logging.getLogger("efim.engine")

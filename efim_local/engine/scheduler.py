@@ -39,7 +39,7 @@ from .run import RunOptions, complete_steps
 log = logging.getLogger("efim.engine")
 
 SAVE_DELAY = 0.5  # seconds of quiet before dirty slots are saved: a burst of keystrokes is saved once
-HOLD_SHARE = 4  # idle work waits for a due request when less is left than this fraction of a usual chunk
+HOLD_SHARE = 4  # idle work waits for a due request when less is left than 1/HOLD_SHARE of a usual chunk
 IDLE_GRACE = 0.05  # seconds after a reply before idle work starts: a request right behind it never waits
 
 
@@ -284,7 +284,12 @@ class Scheduler:
         self._spend(task.phase, t)
         if kind == SHOWN:
             t = time.perf_counter()
-            task.ride.step()
+            with self.cond:  # a request or a call that comes stops a riding batch too (it may be long: pace.py)
+                self.engine.interruptible(not self.waits())
+            try:
+                task.ride.step()
+            finally:
+                self.engine.interruptible(False)
             self._spend("grow_riding", t)
         with self.cond:  # generation takes turns; a prefill goes on first
             if task.phase == "generate" and len(self.running) > 1 and self.running[0] is task:

@@ -154,16 +154,16 @@ def test_idle_chunks_fill_the_window_a_keystroke_opens(tiny_model):
     from efim_local.engine import Engine
     from efim_local.engine.speed import PrefillSpeed
 
-    from tests.helpers import small_config
+    from tests.helpers import small_config, taught
 
     with Engine(small_config(idle_chunk_ms=50, idle_chunk_tokens=64), tiny_model) as e:
         e.speed = PrefillSpeed.fixed(5.0)  # 5 ms a token
         now = time.perf_counter()
-        for k in range(5):  # an editor with a 150 ms debounce
-            e.pace.typed(now - 10 + k)
-            e.pace.requested(now - 10 + k + 0.15)
+        e.pace = taught(0.15, now)  # an editor with a 150 ms debounce
         e.active_at = now
         assert e.idle_chunk(0) == 10  # no keystroke since the last request: the usual chunk
         e.pace.typed(time.perf_counter())
-        assert 24 <= e.idle_chunk(0) <= 27  # 90% of the ~150 ms left, 5 ms a token
+        assert 20 <= e.idle_chunk(0) <= 27  # 90% of the ~150 ms left, 5 ms a token
         assert e.patience_s == pytest.approx(0.05)
+        e.pace.typed(time.perf_counter() - 0.13)  # 20 ms left: the usual chunk, never less
+        assert e.idle_chunk(0) == 10

@@ -9,7 +9,7 @@ from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.scheduler import RequestTask, Scheduler
 from efim_local.errors import Cancelled
 
-from tests.helpers import small_config, sources
+from tests.helpers import small_config, sources, wait_until
 
 TIMEOUT = 120
 
@@ -135,46 +135,43 @@ def test_background_work_yields_within_one_step_and_goes_on_later(scheduler, eng
 
 
 def test_background_work_waits_for_a_request_that_is_due(scheduler, engine):
-    """A keystroke came and the editor's debounce (150 ms, learned) ends before an idle batch would:
-    the request it will send would stop the batch, so idle work waits for it, and starts after it
-    (or when it did not come within a little slack)."""
+    """A keystroke came and the editor's debounce (learned: 500 ms here) ends before a quarter of a
+    usual idle batch would: the request it will send would stop the batch, so idle work waits for it
+    and starts after it, or when it did not come within a little slack."""
     import time
 
-    from efim_local.engine.pace import SLACK_S, Pace
+    from efim_local.engine.pace import SLACK_S
 
-    rec, ran = Recorder(), []
-    engine.pace, old = Pace(), engine.pace
+    from tests.helpers import taught
+
+    rec, ran, req = Recorder(), [], request(3, 800, 2)
+    run = lambda e, stop: ran.append((time.perf_counter(), "R" in rec.results))
+    old, patience = engine.pace, engine.patience_s
+    engine.pace = taught(0.5, time.perf_counter())
     try:
-        t = time.perf_counter()
-        for k in range(5):
-            engine.pace.typed(t - 10 + k)
-            engine.pace.requested(t - 10 + k + 0.15)
-        engine.patience_s = 0.4  # a usual idle batch takes 400 ms: less than 100 ms is not worth one
+        engine.patience_s = 0.8  # a usual idle batch takes 800 ms: idle work holds 200 ms before a request
         key = time.perf_counter()
         engine.pace.typed(key)
-        time.sleep(0.08)  # 70 ms before the request is due
-        scheduler.add_background(lambda e, stop: ran.append(time.perf_counter()), key="bg")
-        time.sleep(0.05)
+        time.sleep(0.35)
+        scheduler.add_background(run, key="bg")
+        time.sleep(0.1)
         assert not ran  # held
-        scheduler.submit(rec.task("R", request(3, 800, 2)))
+        scheduler.submit(rec.task("R", req))
         engine.pace.requested()
         rec.wait("R")
         assert rec.results["R"][1] is None
-        deadline = time.monotonic() + TIMEOUT
-        while not ran and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert ran and ran[0] > key + 0.13
+        wait_until(lambda: ran, TIMEOUT, "the held background task")
+        assert ran[0][1], "the background task ran before the request it waited for"
         # A keystroke whose request never comes holds idle work for the debounce and the slack only.
         ran.clear()
         key = time.perf_counter()
         engine.pace.typed(key)
-        time.sleep(0.1)
-        scheduler.add_background(lambda e, stop: ran.append(time.perf_counter()), key="bg2")
-        while not ran and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert key + 0.15 <= ran[0] < key + 0.15 + SLACK_S + 0.2
+        time.sleep(0.35)
+        scheduler.add_background(run, key="bg2")
+        wait_until(lambda: ran, TIMEOUT, "the held background task")
+        assert key + 0.5 <= ran[0][0] < key + 0.5 + SLACK_S + 0.3
     finally:
-        engine.pace = old
+        engine.pace, engine.patience_s = old, patience
 
 
 def test_background_work_for_the_latest_request_goes_first(scheduler, engine):

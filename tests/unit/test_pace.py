@@ -3,11 +3,12 @@ after them; right after a keystroke idle work knows how long no request can come
 
 import pytest
 
-from efim_local.engine.pace import MIN_SAMPLES, SLACK_S, Pace
+from efim_local.engine.pace import MAX_MISSES, MIN_SAMPLES, SLACK_S, Pace
 
 
 def taught(gaps, start=100.0):
-    """A Pace that saw a keystroke, then a request ``gap`` seconds later, for each gap."""
+    """A Pace that saw a keystroke, then a request ``gap`` seconds later, for each gap (and the time
+    after the last)."""
     p, t = Pace(), start
     for g in gaps:
         p.typed(t)
@@ -16,10 +17,13 @@ def taught(gaps, start=100.0):
     return p, t
 
 
-def test_the_debounce_is_the_least_gap_once_enough_requests_were_seen():
+def test_the_debounce_is_a_low_quantile_once_enough_requests_were_seen():
     p, _ = taught([0.16] * (MIN_SAMPLES - 1))
     assert p.debounce_s == 0  # too few to guess
     p, _ = taught([0.17, 0.15, 0.2, 0.16, 0.3])
+    assert p.debounce_s == pytest.approx(0.16)  # the second smallest of 5
+    # An accepted suggestion's next request comes at once: one such among 16 does not turn it off
+    p, _ = taught([0.15] * 15 + [0.002])
     assert p.debounce_s == pytest.approx(0.15)
 
 
@@ -57,3 +61,17 @@ def test_idle_work_holds_when_a_request_is_due_before_a_batch_would_end():
     assert p.hold_s(0.05, t + 0.15 + SLACK_S + 0.001) == 0  # it did not come: go on
     p.requested(t + 0.16)
     assert p.hold_s(0.05, t + 0.17) == 0  # it came: nothing is due until the next keystroke
+
+
+def test_keystrokes_that_bring_no_request_stop_the_waiting():
+    """Typing where no completion is asked (another client, a buffer the plugin ignores): after a few
+    keystrokes whose debounce passed without a request, idle work no longer waits for one."""
+    p, t = taught([0.15] * 5)
+    for k in range(MAX_MISSES):
+        p.typed(t + k)
+        assert p.hold_s(0.05, t + k + 0.13) > 0
+    p.typed(t + MAX_MISSES)
+    assert p.hold_s(0.05, t + MAX_MISSES + 0.13) == 0
+    p.requested(t + MAX_MISSES + 0.15)
+    p.typed(t + MAX_MISSES + 1)
+    assert p.hold_s(0.05, t + MAX_MISSES + 1.13) > 0  # a request came: it waits again
