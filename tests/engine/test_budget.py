@@ -310,7 +310,10 @@ def test_growth_riding_along_a_request_never_cuts_the_stage_ahead(engine):
                 break
         assert not engine.session(path).anchor.reduced, "growth never finished"
         assert reasons.count("grown") >= 2  # stages were taken on the way
-        assert history == sorted(history), history
+        # Never cut back. (A slot's next token may match the full plan's by chance, a keystroke then
+        # replaces it: the count dips by that one token, which is no growth lost; the bug cut stages.)
+        dips = [(a, b) for a, b in zip(history, history[1:]) if b < a]
+        assert all(a - b == 1 and a - 1 in history for a, b in dips), (dips, history)
     finally:
         engine.config = replace(engine.config, grow_share=0.0, idle_chunk_ms=50.0)
 
