@@ -22,11 +22,15 @@ decode before its first text, and a batch that fits between two requests is smal
 ``--batch-ms`` (measured ``llama_decode`` times by batch size, e.g. from ``--measure MODEL``) and
 ``--request-ms`` (the least a request costs: one decode of one token) give a tighter bound: the oracle
 then knows every request's arrival in advance and fills each gap between two requests' first decodes
-with the biggest batches that end before the next request (never making one wait).
+with the biggest batches that end before the next request (never making one wait). A batch is slower
+the more context it follows (attention: on the 0.5B shape 16 tokens take 90 ms after 256 tokens, 200
+ms after 3,840), so give tables at several context sizes (``--measure-ctx 256 1024 2048 3072 3840``):
+each batch is then timed where it starts.
 
     python scripts/context_bound.py --trace click --speed 173      # the 0.5B shape's best batch rate here
     python scripts/context_bound.py --trace efim --speed 150 87
     python scripts/context_bound.py --trace click --measure --model M.gguf   # batches and requests, measured
+    python scripts/context_bound.py --trace click --measure --measure-ctx 256 1024 2048 3072 3840 --model M.gguf
 """
 
 import argparse
@@ -44,14 +48,16 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("--trace", default="efim", help="'efim', 'click' or a trace file")
 ap.add_argument("--model", type=Path, required=True, help="the GGUF whose vocabulary plans (e.g. the 0.5B shape)")
 ap.add_argument("--speed", type=float, nargs="*", default=[], help="prefill tokens per second (one or more)")
-ap.add_argument("--batch-ms", default=None,
-                help="'B:MS,...': llama_decode ms per batch of B tokens (gaps between requests are packed)")
+ap.add_argument("--batch-ms", nargs="*", default=[],
+                help="'[C=]B:MS,...': llama_decode ms per batch of B tokens after C tokens of context (one table "
+                "per C; no C: the same at every context); gaps between requests are packed")
 ap.add_argument("--request-ms", type=float, default=None, help="engine ms each request takes before the next gap")
 ap.add_argument("--answer-tokens", type=int, default=0, help="each request then streams up to this many tokens "
                 "at full speed (one decode each) until the next keystroke stops it")
 ap.add_argument("--measure", action="store_true", help="time --model's batches on this machine (at --measure-ctx "
                 "tokens of context) for --batch-ms, and a one-token decode for --request-ms")
-ap.add_argument("--measure-ctx", type=int, default=1024)
+ap.add_argument("--measure-ctx", type=int, nargs="*", default=[1024],
+                help="context sizes to time batches after (several: each batch timed where it starts)")
 ap.add_argument("--measure-threads", type=int, default=0, help="threads for --measure (0: all cores)")
 ap.add_argument("--n-ctx", type=int, default=4096, help="tokens per slot, as the paced replay's --n-ctx")
 ap.add_argument("--requests", type=int, default=200)
@@ -84,8 +90,9 @@ for k, s in enumerate(steps):
     if s.kind in ("open", "jump"):
         plans[k] = hunk_plan(s.doc, s.cursor)
 
-def measure_batches(sizes=(1, 2, 4, 8, 16, 32, 64, 128), reps=5) -> dict[int, float]:
-    """Median ms of one llama_decode of B new tokens after ``--measure-ctx`` cached ones."""
+def measure_batches(sizes=(1, 2, 4, 8, 16, 32, 64, 128), reps=5) -> dict[int, dict[int, float]]:
+    """Median ms of one llama_decode of B new tokens after C cached ones, for each C of ``--measure-ctx``
+    (attention makes a batch slower the more context it follows): {C: {B: ms}}."""
     import time
 
     import numpy as np
@@ -96,95 +103,127 @@ def measure_batches(sizes=(1, 2, 4, 8, 16, 32, 64, 128), reps=5) -> dict[int, fl
     ctx = Context(Model(args.model), ContextParams(n_ctx_seq=args.n_ctx, n_slots=1, n_threads=threads,
                                                    n_threads_batch=threads))
     batch = Batch(512)
-    toks = np.random.default_rng(0).integers(100, model.n_vocab - 100, args.measure_ctx + max(sizes)).tolist()
-    for i in range(0, args.measure_ctx, 256):
-        batch.clear()
-        batch.extend(toks[i:min(i + 256, args.measure_ctx)], i, 0)
-        ctx.decode(batch)
-    out = {}
-    for b in tqdm(sizes, desc="batches", leave=False):
-        times = []
-        for _ in range(reps):
+    at_most = max(args.measure_ctx)
+    toks = np.random.default_rng(0).integers(100, model.n_vocab - 100, at_most + max(sizes)).tolist()
+    out, pos = {}, 0
+    for c in sorted(args.measure_ctx):
+        for i in range(pos, c, 256):  # the context grows from one measured size to the next
             batch.clear()
-            batch.extend(toks[args.measure_ctx:args.measure_ctx + b], args.measure_ctx, 0)
-            batch.raw.logits[b - 1] = True
-            t = time.perf_counter()
+            batch.extend(toks[i:min(i + 256, c)], i, 0)
             ctx.decode(batch)
-            times.append((time.perf_counter() - t) * 1e3)
-            ctx.seq_rm(0, args.measure_ctx, -1)
-        out[b] = sorted(times)[reps // 2]
+        pos, out[c] = c, {}
+        for b in tqdm(sizes, desc=f"batches after {c}", leave=False):
+            times = []
+            for _ in range(reps):
+                batch.clear()
+                batch.extend(toks[c:c + b], c, 0)
+                batch.raw.logits[b - 1] = True
+                t = time.perf_counter()
+                ctx.decode(batch)
+                times.append((time.perf_counter() - t) * 1e3)
+                ctx.seq_rm(0, c, -1)
+            out[c][b] = sorted(times)[reps // 2]
     ctx.close()
     return out
 
 
-def packer(batch_ms: dict[int, float]):
-    """tokens(span_ms): the most tokens batches of the measured sizes prefill within ``span_ms``
-    (largest first; a size slower per token than a smaller one is never worth it)."""
-    sizes, best = [], 0.0
-    for b in sorted(batch_ms):
-        if b / batch_ms[b] > best:
-            sizes.append(b)
-            best = b / batch_ms[b]
+def packer(tables: dict[int, dict[int, float]]):
+    """tokens(span_ms, at): the most tokens batches of the measured sizes prefill within ``span_ms`` when
+    the plan's first ``at`` tokens are held (each batch's time interpolated between the measured
+    contexts around its start, the nearest beyond them; largest first, leaving out a size slower per
+    token than a smaller one)."""
+    ctxs = sorted(tables)
+    sizes = sorted(set.intersection(*(set(t) for t in tables.values())))
 
-    def tokens(span: float) -> int:
+    def ms(b: int, at: int) -> float:
+        hi = next((c for c in ctxs if c >= at), ctxs[-1])
+        lo = max((c for c in ctxs if c <= at), default=ctxs[0])
+        if hi == lo:
+            return tables[lo][b]
+        w = (at - lo) / (hi - lo)
+        return tables[lo][b] * (1 - w) + tables[hi][b] * w
+
+    def tokens(span: float, at: int = 0) -> int:
         n = 0
-        for b in reversed(sizes):
-            k = int(span // batch_ms[b])
-            n, span = n + k * b, span - k * batch_ms[b]
-        return n
-    return tokens
+        while True:
+            best, usable = 0.0, []
+            for b in sizes:
+                if b / ms(b, at + n) > best:
+                    usable.append(b)
+                    best = b / ms(b, at + n)
+            b = next((b for b in reversed(usable) if ms(b, at + n) <= span), None)
+            if b is None:
+                return n
+            n, span = n + b, span - ms(b, at + n)
+    return tokens, ms
 
 
 def bound(rate) -> float:
-    """The oracle's mean share when ``rate(t0, t1)`` tokens are prefilled for the current file from t0 to t1."""
+    """The oracle's mean share when ``rate(t0, t1, at)`` tokens are prefilled for the current file from
+    t0 to t1, its plan's first ``at`` tokens held."""
     shares, held, cached, since = [], {}, {}, {}
     k = 0
+
+    def grow(path: str, t: float) -> None:  # what was prefilled since the file's last event
+        cached[path] = min(len(held[path]), cached[path] + rate(since[path], t, cached[path]))
+        since[path] = t
+
     for f, denominator in zip(fired, full):
         for j in range(k, f.step + 1):  # the jumps before this request: keep what the new plan starts with
             s = steps[j]
             if j in plans:
                 new, old = plans[j], held.get(s.path, [])
-                if s.path in since:  # what was prefilled since the file's last event counts too
-                    cached[s.path] = min(len(old), cached[s.path] + rate(since[s.path], s.t))
+                if s.path in since:
+                    grow(s.path, s.t)
                 n = 0
                 limit = min(len(old), len(new), int(cached.get(s.path, 0)))
                 while n < limit and old[n] == new[n]:
                     n += 1
                 held[s.path], cached[s.path], since[s.path] = new, n, s.t
         k = f.step + 1
-        cached[f.path] = min(len(held[f.path]), cached[f.path] + rate(since[f.path], f.t))
-        since[f.path] = f.t
+        grow(f.path, f.t)
         shares.append(min(1.0, cached[f.path] / max(1, denominator)))
     return sum(shares) / len(shares)
 
 
 for speed in args.speed:
-    share = bound(lambda t0, t1, speed=speed: speed * (t1 - t0))
+    share = bound(lambda t0, t1, at, speed=speed: speed * (t1 - t0))
     print(f"{args.trace} trace, {len(fired)} requests, {speed:.0f} tokens/s: "
           f"the oracle's mean context share is {share:.0%}")
 
 if args.batch_ms or args.measure:
     if args.measure:
-        batch_ms = measure_batches()
-        print("measured llama_decode at", args.measure_ctx, "tokens of context:",
-              ", ".join(f"{b}: {ms:.1f} ms ({b / ms * 1e3:.0f} tok/s)" for b, ms in batch_ms.items()))
-    else:
-        batch_ms = {int(b): float(ms) for b, ms in (kv.split(":") for kv in args.batch_ms.split(","))}
-    request_ms = args.request_ms if args.request_ms is not None else batch_ms[min(batch_ms)]
-    tokens = packer(batch_ms)
+        tables = measure_batches()
+        for c, t in tables.items():
+            print(f"measured llama_decode after {c} tokens of context:",
+                  ", ".join(f"{b}: {ms:.1f} ms ({b / ms * 1e3:.0f} tok/s)" for b, ms in t.items()))
+    else:  # '[C=]B:MS,...' per context C (none: the same at every context)
+        tables = {}
+        for arg in args.batch_ms:
+            c, _, table = arg.rpartition("=")
+            tables[int(c or 0)] = {int(b): float(ms) for b, ms in (kv.split(":") for kv in table.split(","))}
+    tokens, ms = packer(tables)
+    one = min(min(t) for t in tables.values())  # the least batch: a request's own decode, an answer's token
+    first = min(t[one] for t in tables.values())  # at the least context: generous to the oracle
+    request_ms = args.request_ms if args.request_ms is not None else first
     # Between two requests the engine is free after the first one's own work (its first decode, then
     # its answer until the next keystroke); the oracle packs each free span between two events (a
     # jump changes the plan: no batch spans it) with the best batches.
     edges = [0.0] + [f.t for f in fired] + [fired[-1].t + 60.0]
-    busy = [0.0] + [request_ms + min(args.answer_tokens * batch_ms[min(batch_ms)],
-                                     max(0.0, (f.next_key_t - f.t) * 1e3 - request_ms)) for f in fired]
+    busy = [0.0] + [request_ms + min(args.answer_tokens * first, max(0.0, (f.next_key_t - f.t) * 1e3 - request_ms))
+                    for f in fired]
     free = [(a + cost / 1e3, b) for (a, b), cost in zip(zip(edges, edges[1:]), busy)]
 
-    def rate(t0: float, t1: float) -> float:
-        """Tokens prefilled from t0 to t1 (see above)."""
-        return sum(tokens((min(b, t1) - max(a, t0)) * 1e3) for a, b in free if min(b, t1) > max(a, t0))
+    def rate(t0: float, t1: float, at: int) -> float:
+        """Tokens prefilled from t0 to t1, the plan's first ``at`` tokens held (see above)."""
+        n = 0
+        for a, b in free:
+            if min(b, t1) > max(a, t0):
+                n += tokens((min(b, t1) - max(a, t0)) * 1e3, at + n)
+        return n
 
-    best = max(b / ms for b, ms in batch_ms.items()) * 1e3
+    best = max(b / ms(b, c) for c in tables for b in tables[c]) * 1e3
     answers = f", answers of up to {args.answer_tokens} tokens" if args.answer_tokens else ""
-    print(f"{args.trace} trace, {len(fired)} requests, batches packed between requests ({request_ms:.1f} ms each"
-          f"{answers}, best batch {best:.0f} tokens/s): the oracle's mean context share is {bound(rate):.0%}")
+    where = f" at {len(tables)} context sizes" if len(tables) > 1 else ""
+    print(f"{args.trace} trace, {len(fired)} requests, batches packed between requests{where} ({request_ms:.1f} ms "
+          f"each{answers}, best batch {best:.0f} tokens/s): the oracle's mean context share is {bound(rate):.0%}")
