@@ -122,6 +122,17 @@ class Reuse:
         a slot a request is running in counts too: it keeps its prompt's KV when it ends)."""
         return self.slots.pick(prompt, busy_ok=busy_ok)[1]
 
+    def stored(self, prompt: np.ndarray, path: str | None) -> np.ndarray | None:
+        """The tokens of the saved state (RAM or disk tier) that shares the longest prefix with
+        ``prompt``, if a request may restore any prefix of it (no side effects): a restore takes
+        milliseconds, so the latency budget counts it as cached (``run.fit_budget``)."""
+        if self.store is None or self.swa:
+            return None
+        m = self.store.lookup(prompt, path).match
+        if m is None or m.kept < 1 or m.n < RESTORE_MIN_GAIN:  # (a shrunk state is approximate)
+            return None
+        return m.tokens
+
     def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool,
                idle: bool = False) -> None:
         """After decoding: keep the KV of the prompt (as far as it was decoded) and of the output

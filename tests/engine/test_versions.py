@@ -26,3 +26,33 @@ def test_yesterdays_state_serves_todays_edited_file(tiny_model, tmp_path):
         assert out.tokens.cached >= unchanged - 2
         assert out.tokens.evaluated < out.tokens.prompt - unchanged + 4
         assert out.token_ids == ref.run(e.plan(req).tokens, Options(max_tokens=8), cold=True).token_ids
+
+
+def test_the_budget_counts_a_saved_state_as_cached(tiny_model, tmp_path):
+    """The first request after a restart: a plan the budget would cut if computed is restored whole
+    instead (a restore takes milliseconds), and one of an edited file keeps the saved head up to the
+    first changed line, the budget buying the rest. Both answers are exact."""
+    from efim_local.engine.speed import PrefillSpeed
+
+    store = StoreConfig(tmp_path / "kv", min_tokens=16)
+    old = sources()[4][:2400]
+    cur = old.index("\n", 1800) + 1
+    with Engine(small_config(), tiny_model, store=store) as e:  # yesterday: the whole plan, saved at close
+        first = e.complete(CompletionRequest(old, cur, path="f.py", layout="efim", max_prompt_ms=0, max_tokens=8))
+    budget = 60  # ms, at 1 ms a token: far less than the plan's tokens
+    assert first.tokens.prompt > 4 * budget
+    edit = old.index("\n", 1200) + 1
+    new = old[:edit] + "    changed = True\n" + old[edit:]
+    with Engine(small_config(), tiny_model, store=store) as e, Engine(small_config(n_slots=1), tiny_model) as ref:
+        e.speed = PrefillSpeed.fixed(1.0)
+        same = e.complete(CompletionRequest(old, cur, path="f.py", layout="efim", max_prompt_ms=budget, max_tokens=8))
+        assert not same.context["reduced"] and same.cache_tier == "disk" and same.tokens.evaluated <= 2
+        assert same.token_ids == first.token_ids
+        e.clear_slots()
+        e.forget("f.py")
+        req = CompletionRequest(new, cur + 19, path="f.py", layout="efim", max_prompt_ms=budget, max_tokens=8)
+        edited = e.complete(req)
+        unchanged = len(e.planner.tokenize(new[:edit])) - e.session("f.py").anchor.window
+        assert edited.cache_tier == "disk" and edited.tokens.evaluated <= budget
+        assert edited.context["head_tokens"] >= unchanged - 2  # the saved head, not what the budget could buy
+        assert edited.token_ids == ref.run(e.plan(req).tokens, Options(max_tokens=8), cold=True).token_ids
