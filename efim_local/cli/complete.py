@@ -21,7 +21,8 @@ from . import build_config, config_mod, emit, main, model_options, request_optio
 @click.option("--no-cache", is_flag=True, help="Neither restore nor save KV states.")
 @click.option("--no-daemon", is_flag=True, help="Run in-process even if a daemon is running.")
 @click.option("--start-daemon", is_flag=True, help="Start the daemon if it is not running, then use it.")
-@click.option("-v", "--verbose", is_flag=True, help="Say on stderr which path answered (daemon or in-process).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Say on stderr which path answered (daemon or in-process) and the context it used.")
 @model_options
 @user_errors
 def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start_daemon, verbose, **kw):
@@ -50,6 +51,7 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
         if out is not None:
             if verbose:
                 click.echo(f"efim: answered by the daemon on {out.pop('_socket')}", err=True)
+                say_context(out)
             out.pop("_socket", None)
             return emit({**out, "via": "daemon"}, as_json, out["text"] + "\n")
         why = "no daemon is running"
@@ -66,9 +68,19 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
     if no_cache:
         cfg = cfg.with_overrides(store=False)
     with open_engine(cfg) as engine:
-        out = engine.complete(req)
-        emit({**out.to_json(), "via": "in-process"}, as_json, out.text + "\n")
+        out = engine.complete(req).to_json()
+        if verbose:
+            say_context(out)
+        emit({**out, "via": "in-process"}, as_json, out["text"] + "\n")
         sys.stdout.flush()  # the answer is out before the state is written (on close)
+
+
+def say_context(out: dict) -> None:
+    """On stderr: the context the answer used, and whether the latency budget cut it."""
+    c = out.get("context") or {}
+    if "tokens" in c and c.get("full_tokens"):
+        cut = ", reduced by the latency budget" if c.get("reduced") else ""
+        click.echo(f"efim: context {c['tokens']} of {c['full_tokens']} tokens ({c['share']:.0%}){cut}", err=True)
 
 
 def _daemon_running() -> bool:
@@ -140,7 +152,11 @@ def status(as_json, **model_kw):
     else:
         out["store"] = info["store"]
     if as_json:
-        emit(out, True)
-    else:
-        for k, v in out.items():
-            click.echo(f"{k:18} {v}")
+        return emit(out, True)
+    from .daemon import context_text, engine_time_text, sources_text
+
+    text = {"context": lambda c: context_text(c) if c else "no request yet",
+            "answers": lambda a: sources_text(a) if a and a.get("answers") else "none yet",
+            "engine_time_s": lambda t: engine_time_text(t) if t else "none yet"}
+    for k, v in out.items():
+        click.echo(f"{k:20} {text[k](v) if k in text else v}")

@@ -9,7 +9,8 @@ from . import main
 
 @main.command()
 @click.option("--socket", "sock", type=click.Path(dir_okay=False),
-              help="Daemon socket (default: $EFIM_SOCKET, else $XDG_RUNTIME_DIR/efim/efim.sock).")
+              help="Daemon socket (default: $EFIM_SOCKET, else $XDG_RUNTIME_DIR/efim/efim.sock, else "
+                   "~/.cache/efim/run/efim.sock).")
 @click.option("--log-file", type=click.Path(dir_okay=False), envvar="EFIM_LSP_LOG",
               help="Write the server's log here (default: stderr; $EFIM_LSP_LOG).")
 @click.option("-v", "--verbose", is_flag=True, envvar="EFIM_LSP_VERBOSE",

@@ -1,6 +1,7 @@
 """`efim complete` end to end, in a subprocess, on the tiny GGUF."""
 
 import json
+import re
 
 import pytest
 
@@ -26,6 +27,15 @@ def test_complete_json(src, tiny_model):
     assert set(out["timings"]) == {"prompt_ms", "predict_ms", "total_ms", "plan_ms"}
     assert out["tokens"]["generated"] <= 5 and out["layout"] == "efim"
     assert r.stderr == b""
+
+
+def test_verbose_says_the_path_and_the_context(src, tiny_model):
+    args = ["complete", str(src), "-l", "2", "-c", "12", "--model", str(tiny_model), "--max-tokens", "2"]
+    ctx = json.loads(efim_cli(*args, "--json").stdout)["context"]
+    r = efim_cli(*args, "-v")
+    assert r.returncode == 0 and r.stderr.decode().splitlines() == [
+        "efim: answering in-process (--model given)",
+        f"efim: context {ctx['tokens']} of {ctx['full_tokens']} tokens (100%)"]  # a small file: nothing cut
 
 
 def test_complete_stdin_matches_file(src, tiny_model):
@@ -139,6 +149,12 @@ def test_daemon_commands(tmp_path, tiny_model):
         assert third["cache_tier"] == "slot" and third["tokens"]["evaluated"] == 1  # the daemon kept the slot
         st = json.loads(efim_cli("daemon", "status", "--json", env=env).stdout)
         assert st["served"] == 3 and st["requests"]["sources"]["answers"] == 3
+        said = efim_cli(*args[:-2], "-v", env=env).stderr.decode()  # -v: which path, and the context it used
+        assert "answered by the daemon" in said
+        assert re.search(r"^efim: context \d+ of \d+ tokens \(\d+%\)", said, re.M), said
+        plain = efim_cli("status", env=env).stdout.decode()  # in words, not Python's reprs
+        assert re.search(r"^context +mean \d+ tokens \(median \d+\), \d+% of the full plans", plain, re.M), plain
+        assert re.search(r"^answers +4 answers: ", plain, re.M) and "{" not in plain, plain
     finally:
         efim_cli("daemon", "stop", env=env)
     r = efim_cli("daemon", "status", env=env)
