@@ -128,10 +128,11 @@ def measure_batches(sizes=(1, 2, 4, 8, 16, 32, 64, 128), reps=5) -> dict[int, di
 
 
 def packer(tables: dict[int, dict[int, float]]):
-    """tokens(span_ms, at): the most tokens batches of the measured sizes prefill within ``span_ms`` when
+    """tokens(span_ms, at): how many tokens batches of the measured sizes prefill within ``span_ms`` when
     the plan's first ``at`` tokens are held (each batch's time interpolated between the measured
-    contexts around its start, the nearest beyond them; largest first, leaving out a size slower per
-    token than a smaller one)."""
+    contexts around its start; below the least measured context, that context's time, so measure
+    from a small one; largest first, leaving out a size slower per token than a smaller one: nearly
+    the most, not provably)."""
     ctxs = sorted(tables)
     sizes = sorted(set.intersection(*(set(t) for t in tables.values())))
 
@@ -204,7 +205,7 @@ if args.batch_ms or args.measure:
             tables[int(c or 0)] = {int(b): float(ms) for b, ms in (kv.split(":") for kv in table.split(","))}
     tokens, ms = packer(tables)
     one = min(min(t) for t in tables.values())  # the least batch: a request's own decode, an answer's token
-    first = min(t[one] for t in tables.values())  # at the least context: generous to the oracle
+    first = min(t[one] for t in tables.values() if one in t)  # its fastest time: generous to the oracle
     request_ms = args.request_ms if args.request_ms is not None else first
     # Between two requests the engine is free after the first one's own work (its first decode, then
     # its answer until the next keystroke); the oracle packs each free span between two events (a

@@ -66,7 +66,10 @@ class Reuse:
         # after it is kept too: the next keystroke may type through it).
         same = n_common == len(prompt) <= len(slot.tokens)
         if slot.dirty and (slot.path != path or n_common < self.slots.min_reuse):
-            self._save_unless(light, slot)  # the slot is about to serve another file or plan: keep its state
+            # The slot is about to serve another file or plan: keep its state. Saving replaces the
+            # file's older states, but not the one this prompt restores below (the budget counted it).
+            restores = None if cold or light or self.store is None else self.store.lookup(prompt, path).match
+            self._save_unless(light, slot, keep=restores.id if restores is not None else None)
         if cold:
             return Start(slot, 0, "none", same=same)
         tier = "slot" if n_common >= self.slots.min_reuse else "none"
@@ -76,10 +79,10 @@ class Reuse:
         start.same = same
         return start
 
-    def _save_unless(self, light: bool, slot: Slot) -> None:
+    def _save_unless(self, light: bool, slot: Slot, keep: str | None = None) -> None:
         if light:
             raise Cancelled()  # no state serialized between a request's tokens: idle time will do it
-        self.save(slot)
+        self.save(slot, keep)
 
     def fork(self, prompt: np.ndarray, path: str | None, light: bool = False,
              keep: np.ndarray | None = None) -> None:
@@ -122,16 +125,22 @@ class Reuse:
         a slot a request is running in counts too: it keeps its prompt's KV when it ends)."""
         return self.slots.pick(prompt, busy_ok=busy_ok)[1]
 
-    def stored(self, prompt: np.ndarray, path: str | None) -> np.ndarray | None:
-        """The tokens of the saved state (RAM or disk tier) that shares the longest prefix with
-        ``prompt``, if a request may restore any prefix of it (no side effects): a restore takes
-        milliseconds, so the latency budget counts it as cached (``run.fit_budget``)."""
-        if self.store is None or self.swa:
+    def stored(self, prompt: np.ndarray, path: str | None):
+        """``cached(tokens)``: how many of ``tokens`` a request would start with, counting the saved
+        state (RAM or disk tier) that shares the longest prefix with ``prompt`` as ``start`` restores
+        it (only where it beats the live slots by ``RESTORE_MIN_GAIN``, cut before the last token);
+        None when there is none. A restore takes milliseconds, so the latency budget counts it as
+        cached (``run.fit_budget``)."""
+        if self.store is None or self.swa:  # (a sliding-window state cannot be cut)
             return None
-        m = self.store.lookup(prompt, path).match
-        if m is None or m.kept < 1 or m.n < RESTORE_MIN_GAIN:  # (a shrunk state is approximate)
+        m = self.store.lookup(prompt, path).match  # (whole states only: a shrunk one is approximate)
+        if m is None or m.n < RESTORE_MIN_GAIN:
             return None
-        return m.tokens
+
+        def cached(tokens: np.ndarray) -> int:
+            live, saved = self.peek(tokens), min(common_prefix(m.tokens, tokens), len(tokens) - 1)
+            return saved if saved >= live + RESTORE_MIN_GAIN else live
+        return cached
 
     def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool,
                idle: bool = False) -> None:
@@ -218,8 +227,9 @@ class Reuse:
         return report
 
     # -- saving -----------------------------------------------------------------------------
-    def save(self, slot: Slot) -> None:
-        """Serialize a slot into the store (RAM tier). Sliding-window models save their checkpoint."""
+    def save(self, slot: Slot, keep: str | None = None) -> None:
+        """Serialize a slot into the store (RAM tier). Sliding-window models save their checkpoint.
+        ``keep``: a state of the same file that stays (the store replaces a file's older states)."""
         slot.dirty = False
         if slot.sparse or self.store is None:  # a sparse slot is a subset of a state already stored
             return
@@ -238,7 +248,7 @@ class Reuse:
         f = self.files.get(slot.path) if slot.path else None
         payload = kvblob.normalize(blob)
         partial = self.sparse.partial_npz(payload) if self.sparse and n >= self.sparse.min_tokens else None
-        self.store.put(toks[:n], payload, slot.path or "", content_hash(f.text if f else None), partial)
+        self.store.put(toks[:n], payload, slot.path or "", content_hash(f.text if f else None), partial, keep)
 
     def flush(self) -> None:
         """Save dirty slots (after the response was sent, or when idle)."""

@@ -15,7 +15,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import Cancelled, InvalidParams
-from ..kv.prefix import common_prefix
 from ..llama import Sampler, SamplerParams
 from ..prompt.healing import Healer
 from ..prompt.planner import GROWN, Budget, Plan, line_start
@@ -317,13 +316,12 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
         return adopt_growth(engine, req, plan, budget, peek) or plan
     # A saved state restores in milliseconds: what it holds counts as cached (the first request after a
     # restart, a file reopened, an earlier version of it: reuse.start restores it).
-    saved = engine.reuse.stored(np.asarray(plan.tokens, np.int32), req.path) if engine.remote is None else None
-    if saved is not None:
-        live = peek
-        peek = lambda toks: max(live(toks), common_prefix(saved, np.asarray(toks, np.int32)))
+    stored = engine.reuse.stored(np.asarray(plan.tokens, np.int32), req.path) if engine.remote is None else None
+    if stored is not None:
+        peek = lambda toks: stored(np.asarray(toks, np.int32))
         have = peek(plan.tokens)
         if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
-            return plan
+            return adopt_growth(engine, req, plan, budget, peek) or plan
     session = engine.session(req.path)
     anchor = session.anchor
     log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,

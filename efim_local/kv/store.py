@@ -288,22 +288,22 @@ class StateStore:
 
     # -- saving ---------------------------------------------------------------------------
     def put(self, tokens: np.ndarray, payload: bytes, path: str, content_hash: str = "",
-            partial: bytes | None = None) -> str | None:
-        """Add a state to the RAM tier (spilling others down); replaces older states of ``path``.
-        ``partial``: its InfiniGen partial keys, saved beside it. A full or read-only disk skips the
-        save (one warning) and returns None."""
+            partial: bytes | None = None, keep: str | None = None) -> str | None:
+        """Add a state to the RAM tier (spilling others down); replaces older states of ``path`` but
+        ``keep`` (one about to be restored). ``partial``: its InfiniGen partial keys, saved beside it.
+        A full or read-only disk skips the save (one warning) and returns None."""
         if len(tokens) < self.cfg.min_tokens:
             return None
-        return self._try("save", self._put, tokens, payload, path, content_hash, partial)
+        return self._try("save", self._put, tokens, payload, path, content_hash, partial, keep)
 
-    def _put(self, tokens, payload, path, content_hash, partial) -> str:
+    def _put(self, tokens, payload, path, content_hash, partial, keep=None) -> str:
         sid = self.state_id(tokens)
         row = self.index.get(sid)
         if row is not None and row["kept"] >= 1 and (sid in self.ram or self.file_of(sid).exists()):
             self.index.touch(sid)  # already saved: same model, layout and tokens
             return sid
         for row in self.index.by_path(path):
-            if row["id"] != sid and row["model"] == self._model_hex:
+            if row["id"] not in (sid, keep) and row["model"] == self._model_hex:
                 self._delete(row["id"])
         now = time.time()
         entry = Entry(sid, np.array(tokens, dtype=np.int32), payload, path, content_hash, now, now, partial=partial)

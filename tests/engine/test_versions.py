@@ -56,3 +56,21 @@ def test_the_budget_counts_a_saved_state_as_cached(tiny_model, tmp_path):
         assert edited.cache_tier == "disk" and edited.tokens.evaluated <= budget
         assert edited.context["head_tokens"] >= unchanged - 2  # the saved head, not what the budget could buy
         assert edited.token_ids == ref.run(e.plan(req).tokens, Options(max_tokens=8), cold=True).token_ids
+
+
+def test_a_counted_state_survives_the_save_that_frees_its_slot(tiny_model, tmp_path):
+    """Back to a region whose state is saved, while the file's slot holds another region's unsaved
+    plan: saving that plan (which replaces the file's older states) keeps the state the budget
+    counted, and the request restores it instead of computing the whole plan over its budget."""
+    from efim_local.engine.speed import PrefillSpeed
+
+    text = sources()[4]
+    a, b = text.index("\n", 600) + 1, text.index("\n", len(text) - 400) + 1
+    with Engine(small_config(n_slots=1, n_ctx_seq=512), tiny_model,
+                store=StoreConfig(tmp_path / "kv", min_tokens=16)) as e:
+        e.complete(CompletionRequest(text, a, path="f.py", layout="efim"))
+        e.flush()  # region A's state is saved
+        e.complete(CompletionRequest(text, b, path="f.py", layout="efim"))  # the slot: region B, not saved
+        e.speed = PrefillSpeed.fixed(1.0)
+        out = e.complete(CompletionRequest(text, a, path="f.py", layout="efim", max_prompt_ms=60))
+        assert out.cache_tier in ("ram", "disk") and out.tokens.evaluated <= 60, (out.cache_tier, out.tokens)
