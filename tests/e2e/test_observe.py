@@ -48,7 +48,9 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert "serving on" in follow.stdout.readline()
     first = cli(env, *args, "-v")
     assert json.loads(first.stdout)["via"] == "daemon"
-    assert first.stderr.decode() == f"efim: answered by the daemon on {tmp_path / 'rt' / 'efim' / 'efim.sock'}\n"
+    ctx = json.loads(first.stdout)["context"]
+    assert first.stderr.decode() == (f"efim: answered by the daemon on {tmp_path / 'rt' / 'efim' / 'efim.sock'}\n"
+                                     f"efim: context {ctx['tokens']} of {ctx['full_tokens']} tokens (100%)\n")
     # (another max_tokens: the same request again would be answered by the daemon's answer cache)
     second = json.loads(cli(env, *args[:-1], "4").stdout)
     assert second["via"] == "daemon" and second["cache_tier"] == "slot" and second["source"] == "computed"
@@ -102,7 +104,7 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert json.loads(r.stdout)["via"] == "in-process"
     assert r.stderr.decode() == "efim: a daemon is running, but --threads needs its own engine: answering in-process\n"
     r = cli(env, *args, "--no-daemon", "-v")
-    assert r.stderr.decode() == "efim: answering in-process (--no-daemon given)\n"
+    assert r.stderr.decode().splitlines()[0] == "efim: answering in-process (--no-daemon given)"
 
 
 def test_cache_clear_reaches_the_running_daemon(env, tmp_path):
