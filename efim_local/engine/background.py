@@ -261,7 +261,8 @@ def top_steps(engine, path: str, text: str, should_stop=None, lead: tuple[int, .
     repository context the file's plans will start with (repoctx.py), else the session's."""
     planner = engine.planner_with(lead) if lead is not None else engine.planner_for(engine.session(path))
     space = planner.space(engine.config.max_tokens)
-    prefix = planner.tokenize(text)[:space * 3 // 4]
+    prefix = planner.tokenize(text[:planner.text_end(text, 0, planner.text_span(engine.config.max_tokens))])
+    prefix = prefix[:space * 3 // 4]
     if prefix:
         ro = RunOptions(path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True)
         yield from run_steps(engine, planner.head_tokens(tuple(prefix)), Options(max_tokens=0), ro)

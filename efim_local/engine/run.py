@@ -173,8 +173,10 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     out.timings.plan_ms = plan_ms
     out.layout = plan.layout
     out.reanchor = plan.reanchor
-    if plan.prefix_trimmed or plan.suffix_trimmed:
+    if plan.prefix_trimmed or plan.suffix_trimmed or any(plan.cut):
         out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
+        if any(plan.cut):  # a big file: text that was not even tokenized
+            out.trimmed |= {"prefix_chars": plan.cut[0], "suffix_chars": plan.cut[1]}
     out.context = context
     if shown is not None:
         Instant.answered(shown, out)

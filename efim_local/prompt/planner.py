@@ -42,6 +42,10 @@ REPO_CONTEXT = "repo_context"  # the repository context before the file changed 
 CLOSERS = ")]}\"'`"
 MIN_CONTEXT = 32  # prompt tokens a latency budget always leaves a plan
 MAX_CLOSERS = 4
+# Characters of text tokenized per token of a slot's room: code averages 3-4 characters a token, so
+# the text cut around the cursor holds about twice what a plan can use, and a re-anchor on a file of
+# megabytes tokenizes tens of kilobytes, not the file.
+CHARS_PER_TOKEN = 8
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,9 @@ class Anchor:
     head: int = 0  # reduced: prefix tokens kept from the file's top (cached), before the dropped gap
     full_prefix: tuple[int, ...] = ()  # the untrimmed pieces, so a budget or growth never re-tokenizes
     full_suffix: tuple[int, ...] = ()
-    window: int = 0  # files bigger than a slot: the prefix starts at this token of the file (aligned, sticky)
+    window: int = 0  # files bigger than a slot: the prefix starts at this token of its text (aligned, sticky)
     full_context: int = 0  # prefix and suffix tokens of the plan without a latency budget
+    cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end
 
     def same_place(self, other: Anchor | None) -> bool:
         """Whether ``other`` anchors the same text at the same offset (maybe trimmed otherwise)."""
@@ -107,6 +112,7 @@ class Plan:
     full_context: int = 0  # prefix and suffix tokens the plan would have without a latency budget
     head: int = 0  # reduced: prefix tokens kept from the top of the window (cached), before the dropped gap
     closers: str = ""  # auto-paired closers right after the cursor that the (kept) suffix lacks
+    cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,7 @@ class Planner:
             full_context=anchor.full_context,
             head=anchor.head,
             closers=closers,
+            cut=anchor.cut,
         )
 
     def middle_start(self, layout: str, anchor: Anchor, n_tokens: int, n_middle: int) -> int:
@@ -239,14 +246,14 @@ class Planner:
         """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
-                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window)
+                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut)
 
     def refit(self, anchor: Anchor, n_middle: int, budget: Budget, reserve: int | None = None) -> Anchor:
         """``anchor`` (same place, same texts) fitted anew to ``budget``, counting what the slots hold
         of its untrimmed pieces now (growth's progress); no tokenizing."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), n_middle, reserve, budget,
-                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window)
+                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut)
 
     def _cached(self, prefix: Sequence[int], suffix: Sequence[int], cached, space: int) -> tuple[int, int]:
         """What the slots hold of a plan's window, free for a budget: prefix tokens from its top, and,
@@ -309,8 +316,45 @@ class Planner:
         if len(middle) > self.limits.max_middle_tokens:
             offset = cursor  # a very long line: anchor at the cursor itself
             middle = []
-        return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces,
-                         last.window if last is not None else None)
+        if pieces is not None and last is not None:  # the pieces of ``last``, made at this cursor
+            lo, hi = last.cut[0], len(text) - last.cut[1]
+        else:
+            span = self.text_span(reserve)
+            lo = self.text_start(text, offset, span, last.cut[0] if last is not None else None)
+            hi = self.text_end(text, cursor, span)
+        window = last.window if last is not None and last.cut[0] == lo else None
+        return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces, window,
+                         cut=(lo, len(text) - hi))
+
+    def text_span(self, reserve: int | None = None) -> int:
+        """Characters of text a plan tokenizes at most on each side of the cursor."""
+        return self.space(self.limits.reserve_tokens if reserve is None else reserve) * CHARS_PER_TOKEN
+
+    @staticmethod
+    def text_start(text: str, offset: int, span: int, last: int | None = None) -> int:
+        """Where the tokenized text of a prefix ending at ``offset`` starts: 0 when the prefix has at
+        most ``span`` characters; else a line start that stays put (``last``) while the anchor moves
+        inside the span, so its tokens and their KV stay the same, and moves in aligned steps of an
+        eighth of the span, leaving a quarter of the span below the anchor."""
+        if offset <= span:
+            return 0
+        if last is not None and 0 < last <= offset <= last + span and text[last - 1] == "\n":
+            return last
+        step = max(1, span // 8)
+        lo = line_start(text, (offset - span * 3 // 4) // step * step)
+        if offset - lo > span:  # a line of more than a quarter of the span: cut inside it
+            nl = text.find("\n", offset - span, offset)
+            lo = nl + 1 if nl >= 0 else offset - span
+        return lo
+
+    @staticmethod
+    def text_end(text: str, cursor: int, span: int) -> int:
+        """Where the tokenized text of the suffix after ``cursor`` ends: the end of the line that holds
+        its ``span``-th character (or that character, on a very long line)."""
+        if len(text) - cursor <= span:
+            return len(text)
+        nl = text.find("\n", cursor + span, cursor + span + span // 8)
+        return nl + 1 if nl >= 0 else cursor + span
 
     def space(self, reserve: int) -> int:
         """Prefix and suffix tokens a plan holds at most: the slot, less the markers, the room for the
@@ -336,15 +380,18 @@ class Planner:
         return min(-(-(need + step) // step) * step, n_prefix)
 
     def _fit(self, offset: int, texts: tuple[str, str], n_middle: int, reserve: int,
-             budget: Budget | None = None, tokens=None, window: int | None = None) -> Anchor:
-        """Tokenize the pieces (unless ``tokens`` gives them), cut the prefix to its window (a file
-        bigger than a slot; ``window``: the last anchor's), trim them to the context, and to the
-        latency budget if one is given (see plan())."""
+             budget: Budget | None = None, tokens=None, window: int | None = None,
+             cut: tuple[int, int] = (0, 0)) -> Anchor:
+        """Tokenize the pieces (unless ``tokens`` gives them) less the characters ``cut`` leaves out
+        at the prefix's start and the suffix's end, cut the prefix to its window (a file bigger than
+        a slot; ``window``: the last anchor's), trim them to the context, and to the latency budget
+        if one is given (see plan())."""
         prefix_text, suffix_text = texts
         if tokens:
             prefix, suffix = list(tokens[0]), list(tokens[1])
         else:
-            prefix, suffix = self.tokenize(prefix_text), self.tokenize(suffix_text)
+            prefix = self.tokenize(prefix_text[cut[0]:])
+            suffix = self.tokenize(suffix_text[:len(suffix_text) - cut[1]])
         full = (tuple(prefix), tuple(suffix))
         space = self.space(reserve)
         if space < 16:
@@ -377,4 +424,4 @@ class Planner:
             prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
         kept = (full[0] if not (p_cut or start) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
         return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], start + p_cut, s_cut, reduced, head, *full,
-                      window=start, full_context=full_context)
+                      window=start, full_context=full_context, cut=cut)

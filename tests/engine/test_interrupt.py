@@ -53,7 +53,9 @@ def test_engine_prefill_inside_interruptible_planning_stops_at_once(tmp_path, ti
 
     from tests.helpers import small_config
 
-    with open_engine(small_config(model=str(tiny_model), store=False)) as engine:
+    # A slot this big tokenizes about 250 KB each side of the cursor (a smaller one cuts the text more).
+    with open_engine(small_config(model=str(tiny_model), store=False, n_ctx_seq=32768, n_slots=1)) as engine:
+        assert engine.planner.text_span() > 200_000
         stop_at = time.monotonic() + 0.05
         should_stop = lambda: time.monotonic() > stop_at  # noqa: E731
         with pytest.raises(Cancelled), interrupt.interruptible_planning(engine.planner, should_stop):

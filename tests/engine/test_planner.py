@@ -59,8 +59,11 @@ def test_overflow_trims_prefix_start_and_suffix_end(model):
     assert plan.reanchor == P.NEW_SESSION
     assert len(plan.tokens) - len(plan.middle_tokens) + 64 + 32 <= 512
     assert plan.prefix_trimmed > 0 and plan.suffix_trimmed > 0
-    full_pre = model.tokenize(doc[:P.line_start(doc, cursor)])
-    full_suf = model.tokenize(doc[cursor:])
+    # Only about eight characters a token of the room are tokenized each side (at line boundaries).
+    lo, hi = plan.cut[0], len(doc) - plan.cut[1]
+    assert 0 < lo and doc[lo - 1] == "\n" and hi < len(doc) and doc[hi - 1] == "\n"
+    full_pre = model.tokenize(doc[lo:P.line_start(doc, cursor)])
+    full_suf = model.tokenize(doc[cursor:hi])
     assert plan.prefix_tokens == tuple(full_pre[plan.prefix_trimmed:])  # cut at the start
     assert plan.suffix_tokens == tuple(full_suf[:len(full_suf) - plan.suffix_trimmed])  # cut at the end
     # The prefix keeps most of the budget: nearby code before the cursor matters most.

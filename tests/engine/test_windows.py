@@ -62,3 +62,19 @@ def test_windowed_plans_answer_as_computed_cold(engine, reference, moves, start)
         out = engine.complete(req)
         plan = engine.plan(req)  # the same anchor again: the same plan
         assert out.token_ids == reference.run(plan.tokens, Options(max_tokens=6), cold=True).token_ids
+
+
+def test_a_file_of_megabytes_plans_from_the_text_around_the_cursor(engine, reference):
+    """A cursor deep in a huge file: the plan tokenizes only the text around it (reported in
+    characters), moves inside it reuse its head, and the answers are the cold ones."""
+    doc, path = big_doc() * 40, "huge.py"  # about 2 MB
+    engine.forget(path)
+    lines = doc.count("\n")
+    for n in (lines // 2, lines // 2 + 1, lines // 2):  # (a 1024-token slot's window moves every few lines)
+        req = CompletionRequest(doc, line_offset(doc, n) + 2, path=path, layout="efim", max_tokens=6)
+        out = engine.complete(req)
+        cut = engine.session(path).anchor.cut
+        assert out.trimmed["prefix_chars"] == cut[0] > len(doc) // 3 and out.trimmed["suffix_chars"] == cut[1] > 0
+        assert len(doc) - cut[0] - cut[1] < 4 * engine.planner.text_span()
+        assert out.token_ids == reference.run(engine.plan(req).tokens, Options(max_tokens=6), cold=True).token_ids
+    assert out.tokens.cached > out.tokens.evaluated  # the move back reused the window's head

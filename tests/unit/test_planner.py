@@ -256,13 +256,37 @@ def test_the_window_moves_in_aligned_steps_when_the_cursor_leaves_it():
     pl, s = make(n_ctx=4096, max_middle_tokens=64), FileSession()
     lines = BIG.splitlines(keepends=True)
     at = lambda n: sum(map(len, lines[:n]))
-    starts = []
-    for n in range(400, 1400, 50):
+    starts = []  # (characters cut before the tokenized text, the window's first token in it)
+    for n in range(400, 1500, 50):
         pl.plan(s, BIG, at(n), "efim")
-        starts.append(s.anchor.window)
+        starts.append((s.anchor.cut[0], s.anchor.window))
     assert starts == sorted(starts) and len(set(starts)) > 3  # it follows the cursor down...
-    steps = {b - a for a, b in zip(starts, starts[1:]) if b != a}
+    assert len({c for c, _ in starts}) > 1  # (far enough that the text is cut in characters too)
+    steps = {b[1] - a[1] for a, b in zip(starts, starts[1:]) if b[0] == a[0] and b != a}
     assert min(steps) >= 16  # ...in steps, never token by token
+    cuts = {b[0] - a[0] for a, b in zip(starts, starts[1:]) if b[0] != a[0]}
+    assert min(cuts) >= pl.text_span() // 8 - len(lines[0])
+
+
+def test_a_file_of_megabytes_is_tokenized_only_around_the_cursor():
+    """A re-anchor tokenizes at most a span of characters each side of the cursor, cut at line
+    starts and ends, and the cut stays put while the cursor moves inside it."""
+    seen = []
+    pl = Planner(lambda t: seen.append(len(t)) or tokenize(t), MARKERS[0], PlannerLimits(n_ctx=4096))
+    s, doc = FileSession(), BIG * 40  # about 2 MB
+    lines = doc.splitlines(keepends=True)
+    at = lambda n: sum(map(len, lines[:n]))
+    plan = pl.plan(s, doc, at(30000) + 3, "efim")
+    span = pl.text_span()
+    assert max(seen) <= span + len(lines[0]) and sum(seen) <= 2 * span + 2 * len(lines[0])
+    lo, cut_end = s.anchor.cut
+    assert doc[lo - 1] == "\n" and (len(doc) - cut_end == len(doc) or doc[len(doc) - cut_end - 1] == "\n")
+    assert plan.prefix_tokens == toks(doc[lo:at(30000)])[s.anchor.window:]
+    for n in (30040, 29990):  # down and up inside the cut: the same text tokenized, the same window
+        pl.plan(s, doc, at(n), "efim")
+        assert s.anchor.cut[0] == lo
+    far = pl.plan(s, doc, at(50000), "efim")
+    assert s.anchor.cut[0] > lo and far.cut == s.anchor.cut
 
 
 def test_a_small_file_has_no_window():
