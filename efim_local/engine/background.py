@@ -145,6 +145,15 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     # A stage growth has passed is computed again (with the text typed since) in a copy of the slot
     # that holds the full plan further: never at the cost of that progress.
     refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, full))])
+    near = near_plan(engine, planner, session, full)
+    if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
+        tokens_near = planner.stable_tokens(session.layout, near, session.typed)
+        keep = replace(ro, keep=tokens_near[:len(planner.stable_tokens(session.layout, near))])
+        for stage in stages(engine, planner, session, near, tokens_near, len(partial.suffix_tokens)):
+            out = yield from run_steps(engine, stage, Options(max_tokens=0), keep)
+            engine.slots.slots[out.slot].idle = False
+        out = yield from run_steps(engine, tokens_near, Options(max_tokens=0), keep)
+        engine.slots.slots[out.slot].idle = False  # a keystroke takes it (run.adopt_growth)
     for stage in stages(engine, planner, session, full, tokens, len(partial.suffix_tokens)):
         out = yield from run_steps(engine, stage, Options(max_tokens=0), refresh)
         engine.slots.slots[out.slot].idle = False  # a keystroke takes it: growth goes on in a copy
@@ -157,6 +166,22 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
 
 
 STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
+
+
+def near_plan(engine, planner, session, full):
+    """The near plan growth computes before ``full`` (planner.near_anchor), or None: when the file's
+    window has no near window, the slots already hold the near plan, or what the window's cached head
+    lacks of its prefix is less than twice the near window (growing the window costs little more)."""
+    near = planner.near_anchor(full, engine.config.max_tokens)
+    if near is None or session.layout != "efim" or engine.remote is not None:
+        return None
+    peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
+    stable = planner.stable_tokens("efim", near)
+    if peek(stable) >= len(stable):
+        return None
+    top = planner.head_tokens(full.prefix_tokens)
+    lacks = len(top) - peek(top)
+    return near if lacks > 2 * len(near.prefix_tokens) else None
 
 
 def stages(engine, planner, session, full, tokens, first: int = 0) -> list[tuple[int, ...]]:

@@ -255,7 +255,7 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
     want = max(ADOPT_MIN, plan.full_context // ADOPT_GAIN)
     # A plan that lacks lines of its prefix (the cached head, then the lines nearest the cursor) takes
     # any grown plan that has them all: those lines weigh most (docs/benchmarks-context.md).
-    lacks = len(plan.prefix_tokens) < len(anchor.full_prefix) - anchor.window
+    lacks = len(plan.prefix_tokens) < len(anchor.full_prefix) - anchor.window - anchor.base
     if plan.full_context - used < want and not lacks:
         return None
     full = planner.full_anchor(anchor, engine.max_tokens(req.how))
@@ -264,9 +264,9 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
         held = peek if cap is None else (lambda toks, cap=cap: min(peek(toks), cap))
         fitted = planner.refit(anchor, len(plan.middle_tokens), Budget(tokens=0, cached=held, floor=0),
                                reserve=engine.max_tokens(req.how))
-        if fitted.reduced and (fitted.head < len(anchor.full_prefix) - fitted.window  # a gap in the prefix
-                               or (len(fitted.prefix_tokens) + len(fitted.suffix_tokens) - used < want
-                                   and not lacks)):
+        gain = len(fitted.prefix_tokens) + len(fitted.suffix_tokens) - used
+        if fitted.reduced and (fitted.head < len(anchor.full_prefix) - fitted.window - fitted.base  # a gap
+                               or gain <= 0 or (gain < want and not lacks)):
             continue
         grown = planner.plan_on(fitted, plan.layout, plan.middle_tokens, plan.middle_text, GROWN, plan.closers)
         have = peek(grown.tokens)

@@ -46,6 +46,11 @@ MAX_CLOSERS = 4
 # the text cut around the cursor holds about twice what a plan can use, and a re-anchor on a file of
 # megabytes tokenizes tens of kilobytes, not the file.
 CHARS_PER_TOKEN = 8
+# The near window: the last 1/NEAR of a slot's room before the anchor (aligned, sticky, as the window
+# is). When the cached head of a window does not reach it (a cursor deep in a cold file), a reduced
+# plan grows that first, a plan of seconds, not the whole window's tens of seconds, and later plans
+# nearby start from it: most of what context is worth is in the tokens nearest the cursor.
+NEAR = 4
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class Anchor:
     window: int = 0  # files bigger than a slot: the prefix starts at this token of its text (aligned, sticky)
     full_context: int = 0  # prefix and suffix tokens of the plan without a latency budget
     cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end
+    inner: int = 0  # the near window starts at this token of the window's prefix (0: none; aligned, sticky)
+    base: int = 0  # this plan's prefix starts at this token of the window's prefix: 0, or ``inner``
 
     def same_place(self, other: Anchor | None) -> bool:
         """Whether ``other`` anchors the same text at the same offset (maybe trimmed otherwise)."""
@@ -246,14 +253,26 @@ class Planner:
         """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
-                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut)
+                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
+                         inner=anchor.inner)
+
+    def near_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor | None:
+        """``anchor``'s near plan: its prefix from the near window's start, and a third as many
+        suffix tokens (None when the window has no near window: it is small)."""
+        if not anchor.inner:
+            return None
+        reserve = self.limits.reserve_tokens if reserve is None else reserve
+        return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
+                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
+                         inner=anchor.inner, near=True)
 
     def refit(self, anchor: Anchor, n_middle: int, budget: Budget, reserve: int | None = None) -> Anchor:
         """``anchor`` (same place, same texts) fitted anew to ``budget``, counting what the slots hold
         of its untrimmed pieces now (growth's progress); no tokenizing."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), n_middle, reserve, budget,
-                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut)
+                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
+                         inner=anchor.inner)
 
     def _cached(self, prefix: Sequence[int], suffix: Sequence[int], cached, space: int) -> tuple[int, int]:
         """What the slots hold of a plan's window, free for a budget: prefix tokens from its top, and,
@@ -322,9 +341,9 @@ class Planner:
             span = self.text_span(reserve)
             lo = self.text_start(text, offset, span, last.cut[0] if last is not None else None)
             hi = self.text_end(text, cursor, span)
-        window = last.window if last is not None and last.cut[0] == lo else None
-        return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces, window,
-                         cut=(lo, len(text) - hi))
+        same = last is not None and last.cut[0] == lo
+        return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces,
+                         last.window if same else None, cut=(lo, len(text) - hi), inner=last.inner if same else None)
 
     def text_span(self, reserve: int | None = None) -> int:
         """Characters of text a plan tokenizes at most on each side of the cursor."""
@@ -381,11 +400,13 @@ class Planner:
 
     def _fit(self, offset: int, texts: tuple[str, str], n_middle: int, reserve: int,
              budget: Budget | None = None, tokens=None, window: int | None = None,
-             cut: tuple[int, int] = (0, 0)) -> Anchor:
+             cut: tuple[int, int] = (0, 0), inner: int | None = None, near: bool = False) -> Anchor:
         """Tokenize the pieces (unless ``tokens`` gives them) less the characters ``cut`` leaves out
         at the prefix's start and the suffix's end, cut the prefix to its window (a file bigger than
-        a slot; ``window``: the last anchor's), trim them to the context, and to the latency budget
-        if one is given (see plan())."""
+        a slot; ``window``, ``inner``: the last anchor's window and near window), trim them to the
+        context, and to the latency budget if one is given (see plan()). A budgeted plan starts at
+        the near window when what the slots hold there reaches further down than the window's cached
+        head. ``near``: the near plan (see near_anchor())."""
         prefix_text, suffix_text = texts
         if tokens:
             prefix, suffix = list(tokens[0]), list(tokens[1])
@@ -402,17 +423,25 @@ class Planner:
         prefix = prefix[start:]
         limit = space
         full_context = min(space, len(prefix) + len(suffix))
-        reduced, head, held = False, 0, 0
-        if budget is not None:
+        inner = self.window_start(len(prefix), space // NEAR, inner if window == start else None)
+        reduced, head, held, base = False, 0, 0, 0
+        if near and inner:
+            n = len(prefix) - inner
+            base, limit, reduced = inner, min(space, n + n // 3), True
+        elif budget is not None:
             if budget.cached is not None:  # what a slot already holds of the window costs nothing
                 head, held = self._cached(prefix, suffix, budget.cached, space)
-            # However slow the machine, an answer gets some context: one from nothing is noise.
-            free = head + held
-            fits = free + max(budget.floor, budget.new_tokens(free) - self._total((), (), (), 0) - n_middle)
+            fits = self._fits(budget, head + held, n_middle)
             if fits < min(space, len(prefix) + len(suffix)):
                 limit, reduced = fits, True
+                if inner and budget.cached is not None:  # or of the near window, nearer the cursor
+                    h, s = self._cached(prefix[inner:], suffix, budget.cached, space)
+                    if h and inner + h > head:
+                        base, head, held = inner, h, s
+                        limit = min(space, self._fits(budget, h + s, n_middle))
             else:
                 head = 0
+        prefix = prefix[base:]
         over = len(prefix) + len(suffix) - limit
         p_cut = s_cut = 0
         if over > 0:
@@ -422,6 +451,11 @@ class Planner:
             keep_tail = spend - keep_suffix
             p_cut, s_cut = len(prefix) - head - keep_tail, len(suffix) - keep_suffix
             prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
-        kept = (full[0] if not (p_cut or start) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
-        return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], start + p_cut, s_cut, reduced, head, *full,
-                      window=start, full_context=full_context, cut=cut)
+        kept = (full[0] if not (p_cut or start or base) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
+        return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], start + base + p_cut, s_cut, reduced, head,
+                      *full, window=start, full_context=full_context, cut=cut, inner=inner, base=base)
+
+    def _fits(self, budget: Budget, free: int, n_middle: int) -> int:
+        """Prefix and suffix tokens a plan gets within ``budget`` when ``free`` of them are cached.
+        However slow the machine, an answer gets some context: one from nothing is noise."""
+        return free + max(budget.floor, budget.new_tokens(free) - self._total((), (), (), 0) - n_middle)

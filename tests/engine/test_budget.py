@@ -157,7 +157,11 @@ def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference, ca
     engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=2))
     anchor = engine.session(path).anchor
     assert anchor.reduced and (anchor.head >= 300) == cached_top
-    missing = len(engine.planner.stable_tokens("efim", engine.planner.full_anchor(anchor))) - anchor.head
+    full = engine.planner.full_anchor(anchor)
+    missing = len(engine.planner.stable_tokens("efim", full)) - anchor.head
+    near = None if cached_top else engine.planner.near_anchor(full)  # a cold file: its near plan first
+    assert cached_top or near is not None
+    missing += len(engine.planner.stable_tokens("efim", near)) + 2 * engine.config.idle_chunk_tokens if near else 0
     chunks, cheap, adopted, typed, context = 0, 0, 0, "", 0
     while engine.session(path).anchor.reduced:
         try:
@@ -437,3 +441,46 @@ def test_a_plan_lacking_prefix_lines_takes_them_as_soon_as_they_are_grown(engine
     assert out.context["suffix_tokens"] < len(full.suffix_tokens)  # before any stage of the suffix
     assert out.tokens.evaluated <= 40 * run_mod.ADOPT_SHARE
     assert out.token_ids == reference.run(used[-1].tokens, Options(max_tokens=4), cold=True).token_ids
+
+
+def test_a_cold_cursor_deep_in_a_file_grows_its_near_window_first(engine, reference):
+    """Nothing cached and a cursor far down: growth computes the plan of the last quarter of the room
+    before the cursor (the near window) before the whole window, a keystroke takes it at once, and a
+    cursor moved a few lines down starts from it; every answer equals its plan computed cold."""
+    text, path = DOCS[1], "near.py"
+    engine.forget(path)
+    cur = text.index("\n", 5200) + 1
+    out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=60, max_tokens=2))
+    anchor, pl = engine.session(path).anchor, engine.planner
+    assert out.context["reduced"] and anchor.head == 0 and anchor.inner > 0
+    full, near = pl.full_anchor(anchor), pl.near_anchor(anchor)
+    assert len(near.prefix_tokens) <= pl.space(8) // 4 + 3 * pl.window_step(pl.space(8) // 4)
+    assert list(near.prefix_tokens) == list(full.prefix_tokens[anchor.inner:])  # the nearest lines, whole
+    peek = lambda toks: engine.reuse.peek(np.asarray(toks, np.int32))
+    near_plan = pl.stable_tokens("efim", near, engine.session(path).typed)
+    top = pl.head_tokens(full.prefix_tokens)
+    for _ in range(len(near_plan) // engine.config.idle_chunk_tokens + 8):  # a chunk at a time
+        if peek(near_plan) == len(near_plan):
+            break
+        try:
+            engine.grow(path, _stop_after(2))
+        except Cancelled:
+            pass
+    assert peek(near_plan) == len(near_plan) and peek(top) < len(pl.head_tokens(())) + 64  # the window's top waits
+
+    def key(text, cur, budget=60):
+        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=budget, max_tokens=4)
+        out = engine.complete(req)
+        cold = reference.run(engine.plan(req).tokens, Options(max_tokens=4), cold=True)
+        assert out.token_ids == cold.token_ids and out.tokens.evaluated <= budget
+        return out
+
+    text, cur = text[:cur] + "x" + text[cur:], cur + 1
+    out = key(text, cur, 60)
+    assert out.reanchor == "grown" and out.context["prefix_tokens"] == len(near.prefix_tokens)
+    assert out.context["suffix_tokens"] == len(near.suffix_tokens)
+    # A few lines down: the near window's head is cached, the budget buys the lines between and the suffix.
+    down = text.index("\n", text.index("\n", cur) + 1) + 1
+    out = key(text, down, 60)
+    assert out.reanchor == "latency_budget" and engine.session(path).anchor.base == anchor.inner
+    assert out.context["head_tokens"] >= len(near.prefix_tokens) - 8 and out.tokens.cached >= out.context["head_tokens"]
