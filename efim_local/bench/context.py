@@ -13,9 +13,9 @@ after the context of:
 Every request efim planned is scored (``planned``: a request the next key cancelled during its
 prefill has a plan too), and separately those whose ghost came before the next key (``shown``).
 
-The texts of a plan are rebuilt from its token counts: the ``head`` tokens a reduced plan keeps from
-the file's top, then the rest of its ``prefix + middle`` tokens nearest the cursor, and the first
-``suffix`` tokens after it (by the replay model's tokenizer),
+The texts of a plan are rebuilt from its token counts: its ``prefix + middle`` tokens nearest the
+cursor, less the ``gap`` a reduced plan dropped between them and the ``head`` it kept (cached, further
+up), and the first ``suffix`` tokens after it (by the replay model's tokenizer),
 then tokenized by the scorer. ``form="left"`` scores after the left context only (gemma3-270m was
 not trained to fill in the middle: a suffix before the cursor is noise to it); ``form="fim"``
 puts both sides in the scorer's own FIM tokens (PRE left SUF right MID) for a FIM model. The result:
@@ -111,13 +111,16 @@ class Texts:
         plan = self.planner.plan(FileSession(layout="efim"), doc, cursor, "efim", reserve=self.reserve)
         return len(plan.prefix_tokens) + len(plan.middle_tokens), len(plan.suffix_tokens)
 
-    def texts(self, doc: str, cursor: int, left: int, right: int, head: int = 0) -> tuple[str, str]:
-        """The left text: ``head`` tokens from the file's top (a reduced plan keeps the cached ones),
-        then the rest of ``left`` nearest the cursor; the right text: ``right`` tokens after it."""
-        lt = self.model.tokenize(doc[:cursor])
-        rt = self.model.tokenize(doc[cursor:])
-        tail = max(head, len(lt) - (left - head))
-        return (self.model.detokenize(lt[:head] + lt[tail:]) if left else "",
+    def texts(self, doc: str, cursor: int, left: int, right: int, head: int = 0, gap: int = 0) -> tuple[str, str]:
+        """The left text: the ``left - head`` tokens nearest the cursor, after the ``head`` tokens
+        before a ``gap`` of dropped ones (a reduced plan's cached head); the right text: ``right``
+        tokens after it. Only the text near the cursor is tokenized (as the planner does)."""
+        span = self.planner.text_span(self.reserve)
+        lt = self.model.tokenize(doc[max(0, cursor - 2 * span):cursor])
+        rt = self.model.tokenize(doc[cursor:cursor + span])
+        tail = max(0, len(lt) - (left - head))
+        at = max(0, tail - gap - head)
+        return (self.model.detokenize(lt[at:min(at + head, tail)] + lt[tail:]) if left else "",
                 self.model.detokenize(rt[:right]) if right else "")
 
 
@@ -200,7 +203,8 @@ def run(cfg: ContextConfig) -> dict:
                     continue
                 used = (row["context_prefix_tokens"] + row.get("context_middle_tokens", 0),
                         row["context_suffix_tokens"])
-                sides = {"used": texts.texts(f.doc, f.cursor, *used, row.get("context_head_tokens", 0)),
+                sides = {"used": texts.texts(f.doc, f.cursor, *used, row.get("context_head_tokens", 0),
+                                                    row.get("context_gap_tokens", 0)),
                          "full": texts.texts(f.doc, f.cursor, *texts.counts_full(f.doc, f.cursor)),
                          "llama.vim": vim_window(f.doc, f.cursor)}
                 tt = scorer.tokenize(target)

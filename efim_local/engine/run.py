@@ -230,7 +230,7 @@ def context_report(plan: Plan) -> dict:
     used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
     full = max(plan.full_context, used)
     return {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
-            "middle_tokens": len(plan.middle_tokens), "head_tokens": plan.head, "tokens": used,
+            "middle_tokens": len(plan.middle_tokens), "head_tokens": plan.head, "gap_tokens": plan.gap, "tokens": used,
             "full_tokens": full, "share": round(used / full, 3) if full else 1.0, "reduced": plan.reduced}
 
 

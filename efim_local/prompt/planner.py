@@ -84,6 +84,7 @@ class Anchor:
     cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end
     inner: int = 0  # the near window starts at this token of the window's prefix (0: none; aligned, sticky)
     base: int = 0  # this plan's prefix starts at this token of the window's prefix: 0, or ``inner``
+    gap: int = 0  # reduced: prefix tokens dropped between the head and the tail nearest the cursor
 
     def same_place(self, other: Anchor | None) -> bool:
         """Whether ``other`` anchors the same text at the same offset (maybe trimmed otherwise)."""
@@ -118,6 +119,7 @@ class Plan:
     reduced: bool = False  # trimmed to fit a latency budget
     full_context: int = 0  # prefix and suffix tokens the plan would have without a latency budget
     head: int = 0  # reduced: prefix tokens kept from the top of the window (cached), before the dropped gap
+    gap: int = 0  # reduced: prefix tokens dropped between the head and the tail nearest the cursor
     closers: str = ""  # auto-paired closers right after the cursor that the (kept) suffix lacks
     cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end
 
@@ -228,6 +230,7 @@ class Planner:
             reduced=anchor.reduced,
             full_context=anchor.full_context,
             head=anchor.head,
+            gap=anchor.gap,
             closers=closers,
             cut=anchor.cut,
         )
@@ -331,8 +334,10 @@ class Planner:
     def _anchor(self, text: str, cursor: int, reserve: int, budget: Budget | None = None, pieces=None,
                 last: Anchor | None = None) -> Anchor:
         offset = line_start(text, cursor)
-        middle = self.tokenize(text[offset:cursor])
-        if len(middle) > self.limits.max_middle_tokens:
+        # (a line far longer than a middle may be, a minified file's: not even tokenized)
+        too_long = cursor - offset > self.limits.max_middle_tokens * CHARS_PER_TOKEN
+        middle = [] if too_long else self.tokenize(text[offset:cursor])
+        if too_long or len(middle) > self.limits.max_middle_tokens:
             offset = cursor  # a very long line: anchor at the cursor itself
             middle = []
         if pieces is not None and last is not None:  # the pieces of ``last``, made at this cursor
@@ -352,17 +357,17 @@ class Planner:
     @staticmethod
     def text_start(text: str, offset: int, span: int, last: int | None = None) -> int:
         """Where the tokenized text of a prefix ending at ``offset`` starts: 0 when the prefix has at
-        most ``span`` characters; else a line start that stays put (``last``) while the anchor moves
-        inside the span, so its tokens and their KV stay the same, and moves in aligned steps of an
-        eighth of the span, leaving a quarter of the span below the anchor."""
+        most ``span`` characters; else a line start that stays put (``last``) while the anchor stays
+        between half a span and a span below it, so its tokens and their KV stay the same, and moves
+        in aligned steps of an eighth of the span, leaving three quarters of a span to the anchor."""
         if offset <= span:
             return 0
-        if last is not None and 0 < last <= offset <= last + span and text[last - 1] == "\n":
+        if last is not None and offset - span <= last <= offset - span // 2 and text[last - 1] == "\n":
             return last
         step = max(1, span // 8)
         lo = line_start(text, (offset - span * 3 // 4) // step * step)
-        if offset - lo > span:  # a line of more than a quarter of the span: cut inside it
-            nl = text.find("\n", offset - span, offset)
+        if offset - lo > span:  # a long line there: the first line start in the span's upper half
+            nl = text.find("\n", offset - span, offset - span // 2)
             lo = nl + 1 if nl >= 0 else offset - span
         return lo
 
@@ -453,7 +458,8 @@ class Planner:
             prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
         kept = (full[0] if not (p_cut or start or base) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
         return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], start + base + p_cut, s_cut, reduced, head,
-                      *full, window=start, full_context=full_context, cut=cut, inner=inner, base=base)
+                      *full, window=start, full_context=full_context, cut=cut, inner=inner, base=base,
+                      gap=p_cut if head else 0)
 
     def _fits(self, budget: Budget, free: int, n_middle: int) -> int:
         """Prefix and suffix tokens a plan gets within ``budget`` when ``free`` of them are cached.

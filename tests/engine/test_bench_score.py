@@ -91,9 +91,13 @@ def test_a_plans_texts_are_rebuilt_from_its_counts(tiny_model):
     t = Texts(tiny_model, 4096)
     try:
         lt, rt = t.model.tokenize(doc[:cursor]), t.model.tokenize(doc[cursor:])
-        left, right = t.texts(doc, cursor, 300, 50, head=100)  # a reduced plan: 100 from the top, 200 near
+        # A reduced plan: 100 from the top, a gap, 200 near the cursor
+        left, right = t.texts(doc, cursor, 300, 50, head=100, gap=len(lt) - 300)
         assert left == t.model.detokenize(lt[:100]) + t.model.detokenize(lt[-200:])
         assert right == t.model.detokenize(rt[:50]) and doc.startswith(left[:200])
+        # ...or 100 from a near window: 50 dropped between them and the 200 nearest
+        near = t.texts(doc, cursor, 300, 0, head=100, gap=50)[0]
+        assert near == t.model.detokenize(lt[-350:-250]) + t.model.detokenize(lt[-200:])
         assert t.texts(doc, cursor, 300, 0) == (t.model.detokenize(lt[-300:]), "")
         assert t.texts(doc, cursor, len(lt) + 5, 0, head=50)[0] == doc[:cursor]  # more than there is: all
         full_left, full_right = t.counts_full(doc, cursor)

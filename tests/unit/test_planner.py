@@ -289,6 +289,28 @@ def test_a_file_of_megabytes_is_tokenized_only_around_the_cursor():
     assert s.anchor.cut[0] > lo and far.cut == s.anchor.cut
 
 
+def test_a_cut_leaves_the_prefix_at_least_half_a_span_of_text():
+    """Moving up through the cut, a line longer than the span before the anchor, a file of one
+    line: the tokenized prefix text never shrinks below half a span (the cut moves instead)."""
+    pl = Planner(tokenize, MARKERS[0], PlannerLimits(n_ctx=4096))
+    span, s, doc = pl.text_span(), FileSession(), BIG * 40
+    lines = doc.splitlines(keepends=True)
+    at = lambda n: sum(map(len, lines[:n]))
+    cuts = set()
+    for n in range(30000, 28500, -25):
+        pl.plan(s, doc, at(n), "efim")
+        assert span // 2 <= at(n) - s.anchor.cut[0] <= span
+        cuts.add(s.anchor.cut[0])
+    assert 1 < len(cuts) < 1500 // 25 // 2  # it moved, in steps
+    blob = "import x\n" + "DATA = '" + "q" * (span + 5000) + "'\n" + "def f():\n    return 1\n" + "tail\n" * 10
+    cursor = blob.index("    return")
+    pl.plan(s := FileSession(), blob, cursor, "efim")
+    assert s.anchor.offset - s.anchor.cut[0] == span  # cut inside the long line, a span up
+    one = "x = 1; " * (span // 2)  # no newline at all
+    plan = pl.plan(s := FileSession(), one, len(one) // 2, "efim")
+    assert s.anchor.offset == len(one) // 2 and s.anchor.offset - s.anchor.cut[0] == span and plan.prefix_tokens
+
+
 def test_a_small_file_has_no_window():
     pl, s = make(), FileSession()
     plan = pl.plan(s, BIG[:2000], 1000, "efim")
