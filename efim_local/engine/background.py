@@ -139,30 +139,34 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     partial = session.anchor
     planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
     full = planner.full_anchor(partial, engine.config.max_tokens)
-    tokens = planner.stable_tokens(session.layout, full, session.typed)
     chunk = (lambda n_ctx: riding_chunk(engine, n_ctx)) if light else engine.idle_chunk
     ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light)
-    # A stage growth has passed is computed again (with the text typed since) in a copy of the slot
-    # that holds the full plan further: never at the cost of that progress.
-    refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, full))])
     near = near_plan(engine, planner, session, full)
     if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
-        tokens_near = planner.stable_tokens(session.layout, near, session.typed)
-        keep = replace(ro, keep=tokens_near[:len(planner.stable_tokens(session.layout, near))])
-        for stage in stages(engine, planner, session, near, tokens_near, len(partial.suffix_tokens)):
-            out = yield from run_steps(engine, stage, Options(max_tokens=0), keep)
-            engine.slots.slots[out.slot].idle = False
-        out = yield from run_steps(engine, tokens_near, Options(max_tokens=0), keep)
-        engine.slots.slots[out.slot].idle = False  # a keystroke takes it (run.adopt_growth)
-    for stage in stages(engine, planner, session, full, tokens, len(partial.suffix_tokens)):
-        out = yield from run_steps(engine, stage, Options(max_tokens=0), refresh)
-        engine.slots.slots[out.slot].idle = False  # a keystroke takes it: growth goes on in a copy
-    yield from run_steps(engine, tokens, Options(max_tokens=0), ro)
+        yield from staged_steps(engine, planner, session, near, ro, len(partial.suffix_tokens), leave=True)
+    tokens = yield from staged_steps(engine, planner, session, full, ro, len(partial.suffix_tokens))
     if partial.same_place(session.anchor):  # nothing re-anchored the file meanwhile (a keystroke may have
         # taken part of the growth: the same anchor, trimmed less)
         log.debug("%s: grown to the full plan (%d tokens)", path, len(tokens))
         engine.files.set_anchor(path, full)
         engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
+
+
+def staged_steps(engine, planner, session, anchor, ro: RunOptions, first: int, leave: bool = False):
+    """Prefill ``anchor``'s plan (its stable part and the typed text after it) by way of its stages
+    (steps; returns its tokens). Each stage's slot is left to the keystrokes (they take it, and growth
+    goes on in a copy), the plan's too when ``leave``. A stage growth has passed is computed again
+    (with the text typed since) in a copy of the slot that holds the plan further: never at the cost
+    of that progress."""
+    tokens = planner.stable_tokens(session.layout, anchor, session.typed)
+    refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, anchor))])
+    for stage in stages(engine, planner, session, anchor, tokens, first):
+        out = yield from run_steps(engine, stage, Options(max_tokens=0), refresh)
+        engine.slots.slots[out.slot].idle = False
+    out = yield from run_steps(engine, tokens, Options(max_tokens=0), ro)
+    if leave:
+        engine.slots.slots[out.slot].idle = False
+    return tokens
 
 
 STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date

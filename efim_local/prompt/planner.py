@@ -49,8 +49,9 @@ CHARS_PER_TOKEN = 8
 # The near window: the last 1/NEAR of a slot's room before the anchor (aligned, sticky, as the window
 # is). When the cached head of a window does not reach it (a cursor deep in a cold file), a reduced
 # plan grows that first, a plan of seconds, not the whole window's tens of seconds, and later plans
-# nearby start from it: most of what context is worth is in the tokens nearest the cursor.
-NEAR = 4
+# nearby start from it: most of what context is worth is in the tokens nearest the cursor (on the
+# click trace, 420 of them scored as well as the whole window; docs/benchmarks-context.md).
+NEAR = 8
 
 
 @dataclass(frozen=True)

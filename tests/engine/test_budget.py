@@ -11,6 +11,7 @@ from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine import run as run_mod
 from efim_local.request import Options
 from efim_local.engine.speed import PrefillSpeed
+from efim_local.prompt import planner as planner_mod
 from efim_local.errors import Cancelled
 from efim_local.training.corpus import read_texts, stdlib_files
 
@@ -444,7 +445,7 @@ def test_a_plan_lacking_prefix_lines_takes_them_as_soon_as_they_are_grown(engine
 
 
 def test_a_cold_cursor_deep_in_a_file_grows_its_near_window_first(engine, reference):
-    """Nothing cached and a cursor far down: growth computes the plan of the last quarter of the room
+    """Nothing cached and a cursor far down: growth computes the plan of the last eighth of the room
     before the cursor (the near window) before the whole window, a keystroke takes it at once, and a
     cursor moved a few lines down starts from it; every answer equals its plan computed cold."""
     text, path = DOCS[1], "near.py"
@@ -454,7 +455,8 @@ def test_a_cold_cursor_deep_in_a_file_grows_its_near_window_first(engine, refere
     anchor, pl = engine.session(path).anchor, engine.planner
     assert out.context["reduced"] and anchor.head == 0 and anchor.inner > 0
     full, near = pl.full_anchor(anchor), pl.near_anchor(anchor)
-    assert len(near.prefix_tokens) <= pl.space(8) // 4 + 3 * pl.window_step(pl.space(8) // 4)
+    room = pl.space(8) // planner_mod.NEAR
+    assert len(near.prefix_tokens) <= room + 3 * pl.window_step(room)
     assert list(near.prefix_tokens) == list(full.prefix_tokens[anchor.inner:])  # the nearest lines, whole
     peek = lambda toks: engine.reuse.peek(np.asarray(toks, np.int32))
     near_plan = pl.stable_tokens("efim", near, engine.session(path).typed)
