@@ -141,7 +141,7 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     full = planner.full_anchor(partial, engine.config.max_tokens)
     chunk = (lambda n_ctx: riding_chunk(engine, n_ctx)) if light else engine.idle_chunk
     ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light)
-    near = near_plan(engine, planner, session, full)
+    near = near_plan(engine, planner, session, full, partial)
     if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
         yield from staged_steps(engine, planner, session, near, ro, len(partial.suffix_tokens), leave=True)
     tokens = yield from staged_steps(engine, planner, session, full, ro, len(partial.suffix_tokens))
@@ -172,12 +172,14 @@ def staged_steps(engine, planner, session, anchor, ro: RunOptions, first: int, l
 STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
 
 
-def near_plan(engine, planner, session, full):
+def near_plan(engine, planner, session, full, partial):
     """The near plan growth computes before ``full`` (planner.near_anchor), or None: when the file's
-    window has no near window, the slots already hold the near plan, or what the window's cached head
-    lacks of its prefix is less than twice the near window (growing the window costs little more)."""
+    window has no near window, the reduced plan ``partial`` already holds the lines it would add, the
+    slots already hold it, or what the window's cached head lacks of its prefix is less than twice the
+    near window (growing the window costs little more)."""
     near = planner.near_anchor(full, engine.config.max_tokens)
-    if near is None or session.layout != "efim" or engine.remote is not None:
+    if (near is None or session.layout != "efim" or engine.remote is not None
+            or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)):
         return None
     peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
     stable = planner.stable_tokens("efim", near)

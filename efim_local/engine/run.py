@@ -292,7 +292,7 @@ def stage_ends(planner, full, first: int = 0) -> list[int]:
     body = len(planner.head_tokens(full.prefix_tokens)) + len(m.suf)  # where the suffix starts
     step = max(STAGE_MIN, full.full_context // STAGES)
     rest = list(range(body + step, body + len(full.suffix_tokens) - step // 2, step))
-    return ([body + first] if 0 < first < step // 2 else []) + rest
+    return ([body + first] if 0 < first < min(step // 2, len(full.suffix_tokens)) else []) + rest
 
 
 def budget_ms(engine, how: Options) -> float:

@@ -52,6 +52,7 @@ CHARS_PER_TOKEN = 8
 # nearby start from it: most of what context is worth is in the tokens nearest the cursor (on the
 # click trace, 420 of them scored as well as the whole window; docs/benchmarks-context.md).
 NEAR = 8
+MIN_NEAR = 64  # tokens of room below which a slot has no near window
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,11 @@ class Anchor:
     inner: int = 0  # the near window starts at this token of the window's prefix (0: none; aligned, sticky)
     base: int = 0  # this plan's prefix starts at this token of the window's prefix: 0, or ``inner``
     gap: int = 0  # reduced: prefix tokens dropped between the head and the tail nearest the cursor
+
+    @property
+    def near_at(self) -> int | None:
+        """Where the near window starts in the tokenized prefix text (None: there is none)."""
+        return self.window + self.inner if self.inner else None
 
     def same_place(self, other: Anchor | None) -> bool:
         """Whether ``other`` anchors the same text at the same offset (maybe trimmed otherwise)."""
@@ -259,7 +265,7 @@ class Planner:
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
                          tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
-                         inner=anchor.inner)
+                         inner=anchor.near_at)
 
     def near_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor | None:
         """``anchor``'s near plan: its prefix from the near window's start, and a third as many
@@ -269,7 +275,7 @@ class Planner:
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
                          tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
-                         inner=anchor.inner, near=True)
+                         inner=anchor.near_at, near=True)
 
     def refit(self, anchor: Anchor, n_middle: int, budget: Budget, reserve: int | None = None) -> Anchor:
         """``anchor`` (same place, same texts) fitted anew to ``budget``, counting what the slots hold
@@ -277,7 +283,7 @@ class Planner:
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), n_middle, reserve, budget,
                          tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
-                         inner=anchor.inner)
+                         inner=anchor.near_at)
 
     def _cached(self, prefix: Sequence[int], suffix: Sequence[int], cached, space: int) -> tuple[int, int]:
         """What the slots hold of a plan's window, free for a budget: prefix tokens from its top, and,
@@ -350,7 +356,7 @@ class Planner:
             hi = self.text_end(text, cursor, span)
         same = last is not None and last.cut[0] == lo
         return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces,
-                         last.window if same else None, cut=(lo, len(text) - hi), inner=last.inner if same else None)
+                         last.window if same else None, cut=(lo, len(text) - hi), inner=last.near_at if same else None)
 
     def text_span(self, reserve: int | None = None) -> int:
         """Characters of text a plan tokenizes at most on each side of the cursor."""
@@ -405,15 +411,38 @@ class Planner:
             return last
         return min(-(-(need + step) // step) * step, n_prefix)
 
+    def near_start(self, n_prefix: int, room: int, last: int | None) -> int:
+        """Where the near window starts in a window's prefix of ``n_prefix`` tokens (0: none, the
+        prefix or the slot is small): as a window starts, but it stays put (``last``) while the prefix
+        after it holds half to twice ``room`` tokens, so a cursor moves a few dozen lines first."""
+        if room < MIN_NEAR or n_prefix <= room:
+            return 0
+        if last is not None and 0 < last and room // 2 <= n_prefix - last <= 2 * room:
+            return last
+        return self.window_start(n_prefix, room, None)
+
+    @staticmethod
+    def _split(n_prefix: int, n_suffix: int, limit: int, head: int) -> tuple[int, int]:
+        """(prefix tail, suffix head) tokens a plan of ``limit`` tokens keeps after a cached ``head``
+        of the prefix: nearby context matters most, so up to 3/4 of the rest goes to the prefix's tail."""
+        spend = limit - head
+        keep_suffix = min(n_suffix, max(spend // 4, spend - (n_prefix - head)))
+        return spend - keep_suffix, keep_suffix
+
+    def _held_after(self, at: int, n_prefix: int, n_suffix: int, limit: int, head: int) -> int:
+        """How many of the prefix's tokens after ``at`` (the nearest the cursor) such a plan holds."""
+        tail = self._split(n_prefix, n_suffix, limit, head)[0]
+        return min(n_prefix - at, max(0, head - at) + tail)
+
     def _fit(self, offset: int, texts: tuple[str, str], n_middle: int, reserve: int,
              budget: Budget | None = None, tokens=None, window: int | None = None,
              cut: tuple[int, int] = (0, 0), inner: int | None = None, near: bool = False) -> Anchor:
         """Tokenize the pieces (unless ``tokens`` gives them) less the characters ``cut`` leaves out
         at the prefix's start and the suffix's end, cut the prefix to its window (a file bigger than
-        a slot; ``window``, ``inner``: the last anchor's window and near window), trim them to the
+        a slot; ``window``, ``inner``: the last anchor's window and near window starts), trim them to the
         context, and to the latency budget if one is given (see plan()). A budgeted plan starts at
-        the near window when what the slots hold there reaches further down than the window's cached
-        head. ``near``: the near plan (see near_anchor())."""
+        the near window when what the slots hold there gives it more of the near window's lines than
+        a plan from the window's cached head has. ``near``: the near plan (see near_anchor())."""
         prefix_text, suffix_text = texts
         if tokens:
             prefix, suffix = list(tokens[0]), list(tokens[1])
@@ -430,7 +459,7 @@ class Planner:
         prefix = prefix[start:]
         limit = space
         full_context = min(space, len(prefix) + len(suffix))
-        inner = self.window_start(len(prefix), space // NEAR, inner if window == start else None)
+        inner = self.near_start(len(prefix), space // NEAR, inner - start if inner is not None else None)
         reduced, head, held, base = False, 0, 0, 0
         if near and inner:
             n = len(prefix) - inner
@@ -443,19 +472,17 @@ class Planner:
                 limit, reduced = fits, True
                 if inner and budget.cached is not None:  # or of the near window, nearer the cursor
                     h, s = self._cached(prefix[inner:], suffix, budget.cached, space)
-                    if h and inner + h > head:
-                        base, head, held = inner, h, s
-                        limit = min(space, self._fits(budget, h + s, n_middle))
+                    near_fits = min(space, self._fits(budget, h + s, n_middle))
+                    if h and (self._held_after(0, len(prefix) - inner, len(suffix), near_fits, h)
+                              > self._held_after(inner, len(prefix), len(suffix), fits, head)):
+                        base, head, held, limit = inner, h, s, near_fits
             else:
                 head = 0
         prefix = prefix[base:]
         over = len(prefix) + len(suffix) - limit
         p_cut = s_cut = 0
         if over > 0:
-            # Nearby context matters most: keep up to 3/4 of the new tokens for the prefix's tail.
-            spend = limit - head
-            keep_suffix = min(len(suffix), max(spend // 4, spend - (len(prefix) - head)))
-            keep_tail = spend - keep_suffix
+            keep_tail, keep_suffix = self._split(len(prefix), len(suffix), limit, head)
             p_cut, s_cut = len(prefix) - head - keep_tail, len(suffix) - keep_suffix
             prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
         kept = (full[0] if not (p_cut or start or base) else tuple(prefix), full[1] if not s_cut else tuple(suffix))

@@ -481,8 +481,10 @@ def test_a_cold_cursor_deep_in_a_file_grows_its_near_window_first(engine, refere
     out = key(text, cur, 60)
     assert out.reanchor == "grown" and out.context["prefix_tokens"] == len(near.prefix_tokens)
     assert out.context["suffix_tokens"] == len(near.suffix_tokens)
-    # A few lines down: the near window's head is cached, the budget buys the lines between and the suffix.
-    down = text.index("\n", text.index("\n", cur) + 1) + 1
+    # Six lines down: the near window's head is cached, the budget buys the lines between and the suffix.
+    down = cur
+    for _ in range(6):
+        down = text.index("\n", down) + 1
     out = key(text, down, 60)
     assert out.reanchor == "latency_budget" and engine.session(path).anchor.base == anchor.inner
     assert out.context["head_tokens"] >= len(near.prefix_tokens) - 8 and out.tokens.cached >= out.context["head_tokens"]

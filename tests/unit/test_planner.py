@@ -311,6 +311,40 @@ def test_a_cut_leaves_the_prefix_at_least_half_a_span_of_text():
     assert s.anchor.offset == len(one) // 2 and s.anchor.offset - s.anchor.cut[0] == span and plan.prefix_tokens
 
 
+def test_the_near_window_stays_put_for_dozens_of_lines_and_a_budget_starts_from_it():
+    """The near window (the last 1/NEAR of the room) keeps its start while the cursor moves a few
+    dozen lines, across window moves; a budgeted re-anchor whose near window a slot holds starts its
+    prefix there, keeps that head and spends the budget on the lines after it and the suffix."""
+    pl, s = make(n_ctx=4096, max_middle_tokens=64), FileSession()
+    lines = BIG.splitlines(keepends=True)  # 32 fake tokens a line
+    at = lambda n: sum(map(len, lines[:n]))
+    pl.plan(s, BIG, at(1000), "efim")
+    near_at, room = s.anchor.near_at, pl.space(pl.limits.reserve_tokens) // P.NEAR
+    windows = set()
+    for n in [*range(1001, 1016), *range(1015, 995, -1)]:  # 15 lines down, then 5 above the start
+        pl.plan(s, BIG, at(n), "efim")
+        assert s.anchor.near_at == near_at
+        windows.add(s.anchor.window)
+    assert len(windows) > 1  # the window moved meanwhile
+    near = pl.near_anchor(s.anchor)
+    slot = pl.stable_tokens("efim", near)  # the near plan, as growth leaves it in a slot
+    cached = lambda toks: common(toks, slot)
+    plan = pl.plan(s, BIG, at(1003), "efim", budget=P.Budget(cached=cached, new_for=lambda n: 200))
+    a = s.anchor
+    assert a.reduced and a.base == a.inner and a.near_at == near_at and a.head >= len(near.prefix_tokens) - 40
+    assert plan.prefix_tokens == a.full_prefix[near_at:][:a.head] + a.full_prefix[near_at + a.head + a.gap:]
+    assert len(plan.prefix_tokens) - a.head + len(plan.suffix_tokens) <= 200
+
+
+def test_a_small_slot_has_no_near_window():
+    pl = make(n_ctx=512, max_middle_tokens=32, reserve_tokens=64)
+    assert pl.space(64) // P.NEAR < P.MIN_NEAR
+    s = FileSession()
+    for n in (300, 340, 380):
+        pl.plan(s, BIG, n * 33, "efim")
+        assert s.anchor.inner == 0 and pl.near_anchor(s.anchor) is None
+
+
 def test_a_small_file_has_no_window():
     pl, s = make(), FileSession()
     plan = pl.plan(s, BIG[:2000], 1000, "efim")
