@@ -319,7 +319,7 @@ def test_the_near_window_stays_put_for_dozens_of_lines_and_a_budget_starts_from_
     lines = BIG.splitlines(keepends=True)  # 32 fake tokens a line
     at = lambda n: sum(map(len, lines[:n]))
     pl.plan(s, BIG, at(1000), "efim")
-    near_at, room = s.anchor.near_at, pl.space(pl.limits.reserve_tokens) // P.NEAR
+    near_at = s.anchor.near_at
     windows = set()
     for n in [*range(1001, 1016), *range(1015, 995, -1)]:  # 15 lines down, then 5 above the start
         pl.plan(s, BIG, at(n), "efim")
