@@ -170,20 +170,26 @@ def staged_steps(engine, planner, session, anchor, ro: RunOptions, first: int, l
 
 
 STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
+# A near plan is grown first only if the learned speed computes it within this: on a slower model
+# (the 1.5B shape, 35 tokens/s here) it took longer than the whole window's first stage was worth,
+# and the window's context came later (24% of the full plans on the efim trace fell to 8%).
+NEAR_MAX_MS = 5000
 
 
 def near_plan(engine, planner, session, full, partial):
     """The near plan growth computes before ``full`` (planner.near_anchor), or None: when the file's
     window has no near window, the reduced plan ``partial`` already holds the lines it would add, the
-    slots already hold it, or what the window's cached head lacks of its prefix is less than twice the
-    near window (growing the window costs little more)."""
+    slots already hold it, it would take longer than ``NEAR_MAX_MS`` at the learned speed, or what the
+    window's cached head lacks of its prefix is less than twice the near window (growing the window
+    costs little more)."""
     near = planner.near_anchor(full, engine.config.max_tokens)
     if (near is None or session.layout != "efim" or engine.remote is not None
             or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)):
         return None
     peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
     stable = planner.stable_tokens("efim", near)
-    if peek(stable) >= len(stable):
+    have = peek(stable)
+    if have >= len(stable) or not engine.speed.known or engine.speed.predict_ms(len(stable) - have, have) > NEAR_MAX_MS:
         return None
     top = planner.head_tokens(full.prefix_tokens)
     lacks = len(top) - peek(top)

@@ -488,3 +488,21 @@ def test_a_cold_cursor_deep_in_a_file_grows_its_near_window_first(engine, refere
     out = key(text, down, 60)
     assert out.reanchor == "latency_budget" and engine.session(path).anchor.base == anchor.inner
     assert out.context["head_tokens"] >= len(near.prefix_tokens) - 8 and out.tokens.cached >= out.context["head_tokens"]
+
+
+def test_a_slow_model_skips_the_near_plan(engine):
+    """A near plan the learned speed would take more than NEAR_MAX_MS over is not grown first: the
+    whole window grows, as before (on a slow model the near plan delayed it for little)."""
+    from efim_local.engine import background
+
+    text, path = DOCS[1], "near-slow.py"
+    engine.forget(path)
+    cur = text.index("\n", 5200) + 1
+    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=60, max_tokens=2))
+    pl, anchor = engine.planner, engine.session(path).anchor
+    full, near = pl.full_anchor(anchor), pl.near_anchor(anchor)
+    ms = background.NEAR_MAX_MS / len(pl.stable_tokens("efim", near)) * 1.5
+    engine.speed = PrefillSpeed.fixed(ms)  # (fixed_speed sets 1 ms again for the next test)
+    assert background.near_plan(engine, pl, engine.session(path), full, anchor) is None
+    engine.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
+    assert background.near_plan(engine, pl, engine.session(path), full, anchor) is not None
