@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import Cancelled
 from ..request import CompletionRequest, Options
+from ..prompt.windows import text_end
 from .decode import SHOWN, drive
 from .run import PROBE, RunOptions, complete_steps, run_steps, stage_ends
 
@@ -298,7 +299,7 @@ def top_steps(engine, path: str, text: str, should_stop=None, lead: tuple[int, .
     repository context the file's plans will start with (repoctx.py), else the session's."""
     planner = engine.planner_with(lead) if lead is not None else engine.planner_for(engine.session(path))
     space = planner.space(engine.config.max_tokens)
-    prefix = planner.tokenize(text[:planner.text_end(text, 0, planner.text_span(engine.config.max_tokens))])
+    prefix = planner.tokenize(text[:text_end(text, 0, planner.text_span(engine.config.max_tokens))])
     prefix = prefix[:space * 3 // 4]
     if prefix:
         ro = RunOptions(path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True)

@@ -21,6 +21,12 @@ from typing import Callable, Sequence
 
 from ..errors import PlanError
 from ..request import LAYOUTS
+from .windows import (CHARS_PER_TOKEN, MAX_CLOSERS, MIN_NEAR, NEAR, Frame, auto_closers,  # noqa: F401
+                      held_after, line_start, near_start, split, text_end, text_start, window_start, window_step)
+
+from .plans import MIN_CONTEXT, Anchor, Budget, FileSession, Markers, Plan, PlannerLimits  # noqa: F401
+
+FRESH = Frame()  # no last anchor: every piece placed anew
 
 Tokenize = Callable[[str], list[int]]
 
@@ -35,142 +41,6 @@ LAYOUT_CHANGED = "layout_changed"
 LATENCY_BUDGET = "latency_budget"  # the plan was reduced to fit the request's time budget
 GROWN = "grown"  # a reduced plan took the context growth computed since (same anchor, more context)
 REPO_CONTEXT = "repo_context"  # the repository context before the file changed (engine/repoctx.py)
-
-# What an editor's auto-pairs insert after the cursor. When the text after the cursor differs from
-# the anchor's suffix only by a few of these at its start, the anchor is kept: the closers stay
-# out of the prompt and the answer stops where it would close them (see stream.py).
-CLOSERS = ")]}\"'`"
-MIN_CONTEXT = 32  # prompt tokens a latency budget always leaves a plan
-MAX_CLOSERS = 4
-# Characters of text tokenized per token of a slot's room: code averages 3-4 characters a token, so
-# the text cut around the cursor holds about twice what a plan can use, and a re-anchor on a file of
-# megabytes tokenizes tens of kilobytes, not the file.
-CHARS_PER_TOKEN = 8
-# The near window: the last 1/NEAR of a slot's room before the anchor (aligned, sticky, as the window
-# is). When the cached head of a window does not reach it (a cursor deep in a cold file), a reduced
-# plan grows that first, a plan of seconds, not the whole window's tens of seconds, and later plans
-# nearby start from it: most of what context is worth is in the tokens nearest the cursor (on the
-# click trace, 420 of them scored as well as the whole window; docs/benchmarks-context.md).
-NEAR = 8
-MIN_NEAR = 64  # tokens of room below which a slot has no near window
-
-
-@dataclass(frozen=True)
-class Markers:
-    """Token ids of the FIM markers, as lists (a text-marker template may need several tokens)."""
-
-    pre: tuple[int, ...]
-    suf: tuple[int, ...]
-    mid: tuple[int, ...]
-    order: str = "psm"  # "psm": PRE prefix SUF suffix MID; "spm": SUF suffix PRE prefix MID
-    bos: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """Where the cached prefix ends, with the tokens of the three pieces cached."""
-
-    offset: int  # character offset of the anchor in the document
-    prefix_text: str
-    prefix_tokens: tuple[int, ...]
-    suffix_text: str
-    suffix_tokens: tuple[int, ...]
-    prefix_trimmed: int = 0  # tokens dropped from the prefix's start
-    suffix_trimmed: int = 0  # tokens dropped from the suffix's end
-    reduced: bool = False  # trimmed to fit a latency budget (idle time grows it back)
-    head: int = 0  # reduced: prefix tokens kept from the top of the window, or of its near window (``base``;
-    # cached), before the dropped gap
-    full_prefix: tuple[int, ...] = ()  # the untrimmed pieces, so a budget or growth never re-tokenizes
-    full_suffix: tuple[int, ...] = ()
-    window: int = 0  # files bigger than a slot: the prefix starts at this token of its text (aligned, sticky)
-    full_context: int = 0  # prefix and suffix tokens of the plan without a latency budget
-    cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end
-    inner: int = 0  # the near window starts at this token of the window's prefix (0: none; aligned, sticky)
-    base: int = 0  # this plan's prefix starts at this token of the window's prefix: 0, or ``inner``
-    gap: int = 0  # reduced: prefix tokens dropped between the head and the tail nearest the cursor
-
-    @property
-    def near_at(self) -> int | None:
-        """Where the near window starts in the tokenized prefix text (None: there is none)."""
-        return self.window + self.inner if self.inner else None
-
-    def same_place(self, other: Anchor | None) -> bool:
-        """Whether ``other`` anchors the same text at the same offset (maybe trimmed otherwise)."""
-        return (other is not None and other.offset == self.offset and other.prefix_text == self.prefix_text
-                and other.suffix_text == self.suffix_text)
-
-
-@dataclass
-class FileSession:
-    """Per-file planning state: the current anchor and layout."""
-
-    anchor: Anchor | None = None
-    layout: str = "efim"
-    reanchors: int = 0
-    typed: tuple[int, ...] = ()  # the last plan's middle tokens (growth computes them too)
-    lead: tuple[int, ...] = ()  # repository context after BOS, in every plan of the file (engine/repoctx.py)
-    note: str | None = None  # a reason code the next plan reports if it keeps its anchor (repo_context)
-
-
-@dataclass(frozen=True)
-class Plan:
-    tokens: tuple[int, ...]
-    layout: str
-    prefix_tokens: tuple[int, ...]
-    middle_tokens: tuple[int, ...]
-    suffix_tokens: tuple[int, ...]
-    middle_text: str
-    reanchor: str | None  # reason code, None when the anchor was kept
-    middle_start: int = 0  # index in ``tokens`` where the middle begins: all before it is stable
-    prefix_trimmed: int = 0
-    suffix_trimmed: int = 0
-    reduced: bool = False  # trimmed to fit a latency budget
-    full_context: int = 0  # prefix and suffix tokens the plan would have without a latency budget
-    head: int = 0  # reduced: prefix tokens kept from the top of the window or near window (cached), before the gap
-    gap: int = 0  # reduced: prefix tokens dropped between the head and the tail nearest the cursor
-    closers: str = ""  # auto-paired closers right after the cursor that the (kept) suffix lacks
-    cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A latency budget for a re-anchor: ``tokens`` new prompt tokens at most, spent nearest the cursor.
-    With ``cached(tokens)`` (how many leading tokens of a sequence the KV cache already holds) the
-    cached head of the prefix is kept for free, and ``new_for(n_cached)`` gives the new tokens
-    affordable after it."""
-
-    tokens: int | None = None
-    cached: Callable[[tuple[int, ...]], int] | None = None
-    new_for: Callable[[int], int] | None = None
-    floor: int = MIN_CONTEXT  # new tokens a plan gets however slow the machine (0: only what is cached)
-
-    def new_tokens(self, n_cached: int) -> int:
-        return self.new_for(n_cached) if self.new_for is not None else self.tokens
-
-
-@dataclass(frozen=True)
-class PlannerLimits:
-    n_ctx: int = 4096  # tokens per slot
-    max_middle_tokens: int = 96  # re-anchor when the middle grows past this
-    reserve_tokens: int = 128  # room kept for the output
-
-
-
-
-def auto_closers(suffix_text: str, text: str, cursor: int) -> str:
-    """The closers an editor's auto-pairs put right after the cursor, if the text after it is
-    ``suffix_text`` with only those in front ("" otherwise)."""
-    extra = len(text) - cursor - len(suffix_text)
-    if not 0 < extra <= MAX_CLOSERS or not text.endswith(suffix_text):
-        return ""
-    head = text[cursor:cursor + extra]
-    return head if all(c in CLOSERS for c in head) else ""
-
-
-def line_start(text: str, offset: int) -> int:
-    """Offset of the start of the line holding ``offset``."""
-    return text.rfind("\n", 0, offset) + 1
-
 
 @dataclass
 class Planner:
@@ -262,28 +132,24 @@ class Planner:
 
     def full_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor:
         """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
-        reserve = self.limits.reserve_tokens if reserve is None else reserve
-        return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
-                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
-                         inner=anchor.near_at)
+        return self._again(anchor, 0, reserve)
 
     def near_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor | None:
         """``anchor``'s near plan: its prefix from the near window's start, and a third as many
         suffix tokens (None when the window has no near window: it is small)."""
-        if not anchor.inner:
-            return None
-        reserve = self.limits.reserve_tokens if reserve is None else reserve
-        return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), 0, reserve,
-                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
-                         inner=anchor.near_at, near=True)
+        return self._again(anchor, 0, reserve, near=True) if anchor.inner else None
 
     def refit(self, anchor: Anchor, n_middle: int, budget: Budget, reserve: int | None = None) -> Anchor:
         """``anchor`` (same place, same texts) fitted anew to ``budget``, counting what the slots hold
-        of its untrimmed pieces now (growth's progress); no tokenizing."""
+        of its untrimmed pieces now (growth's progress)."""
+        return self._again(anchor, n_middle, reserve, budget)
+
+    def _again(self, anchor: Anchor, n_middle: int, reserve: int | None, budget: Budget | None = None,
+               near: bool = False) -> Anchor:
+        """``anchor``'s untrimmed pieces, in its place, fitted anew (no tokenizing)."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), n_middle, reserve, budget,
-                         tokens=(anchor.full_prefix, anchor.full_suffix), window=anchor.window, cut=anchor.cut,
-                         inner=anchor.near_at)
+                         tokens=(anchor.full_prefix, anchor.full_suffix), frame=anchor.frame, near=near)
 
     def _cached(self, prefix: Sequence[int], suffix: Sequence[int], cached, space: int) -> tuple[int, int]:
         """What the slots hold of a plan's window, free for a budget: prefix tokens from its top, and,
@@ -352,41 +218,17 @@ class Planner:
             lo, hi = last.cut[0], len(text) - last.cut[1]
         else:
             span = self.text_span(reserve)
-            lo = self.text_start(text, offset, span, last.cut[0] if last is not None else None)
-            hi = self.text_end(text, cursor, span)
-        same = last is not None and last.cut[0] == lo
-        return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces,
-                         last.window if same else None, cut=(lo, len(text) - hi), inner=last.near_at if same else None)
+            lo = text_start(text, offset, span, last.cut[0] if last is not None else None)
+            hi = text_end(text, cursor, span)
+        cut = (lo, len(text) - hi)
+        frame = Frame(cut, last.window, last.near_at) if last is not None and last.cut[0] == lo else Frame(cut)
+        return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces, frame)
+
+    window_step = staticmethod(window_step)
 
     def text_span(self, reserve: int | None = None) -> int:
         """Characters of text a plan tokenizes at most on each side of the cursor."""
         return self.space(self.limits.reserve_tokens if reserve is None else reserve) * CHARS_PER_TOKEN
-
-    @staticmethod
-    def text_start(text: str, offset: int, span: int, last: int | None = None) -> int:
-        """Where the tokenized text of a prefix ending at ``offset`` starts: 0 when the prefix has at
-        most ``span`` characters; else a line start that stays put (``last``) while the anchor stays
-        between half a span and a span below it, so its tokens and their KV stay the same, and moves
-        in aligned steps of an eighth of the span, leaving three quarters of a span to the anchor."""
-        if offset <= span:
-            return 0
-        if last is not None and offset - span <= last <= offset - span // 2 and text[last - 1] == "\n":
-            return last
-        step = max(1, span // 8)
-        lo = line_start(text, (offset - span * 3 // 4) // step * step)
-        if offset - lo > span:  # a long line there: the first line start in the span's upper half
-            nl = text.find("\n", offset - span, offset - span // 2)
-            lo = nl + 1 if nl >= 0 else offset - span
-        return lo
-
-    @staticmethod
-    def text_end(text: str, cursor: int, span: int) -> int:
-        """Where the tokenized text of the suffix after ``cursor`` ends: the end of the line that holds
-        its ``span``-th character (or that character, on a very long line)."""
-        if len(text) - cursor <= span:
-            return len(text)
-        nl = text.find("\n", cursor + span, cursor + span + span // 8)
-        return nl + 1 if nl >= 0 else cursor + span
 
     def space(self, reserve: int) -> int:
         """Prefix and suffix tokens a plan holds at most: the slot, less the markers, the room for the
@@ -394,56 +236,16 @@ class Planner:
         room = min(self.limits.max_middle_tokens, self.limits.n_ctx // 4)
         return self.limits.n_ctx - self._total((), (), (), reserve) - room
 
-    def window_step(self, room: int) -> int:
-        """How far a window moves at once: a sixteenth of the prefix's room (a few dozen lines)."""
-        return max(16, room // 16)
-
-    def window_start(self, n_prefix: int, room: int, last: int | None) -> int:
-        """Where the prefix of a file bigger than a slot starts: the window stays put while the
-        cursor moves inside it (so its KV is reused and a cursor jump costs the lines between and
-        the suffix), and moves in aligned steps when the cursor leaves it, with one to two steps of
-        room below the cursor (typing moves it down). It holds at least ``room`` - 3 steps."""
-        need = n_prefix - room  # tokens that must go
-        if need <= 0:
-            return 0
-        step = self.window_step(room)
-        if last is not None and need <= last <= need + 3 * step:
-            return last
-        return min(-(-(need + step) // step) * step, n_prefix)
-
-    def near_start(self, n_prefix: int, room: int, last: int | None) -> int:
-        """Where the near window starts in a window's prefix of ``n_prefix`` tokens (0: none, the
-        prefix or the slot is small): as a window starts, but it stays put (``last``) while the prefix
-        after it holds half to twice ``room`` tokens, so a cursor moves a few dozen lines first."""
-        if room < MIN_NEAR or n_prefix <= room:
-            return 0
-        if last is not None and 0 < last and room // 2 <= n_prefix - last <= 2 * room:
-            return last
-        return self.window_start(n_prefix, room, None)
-
-    @staticmethod
-    def _split(n_prefix: int, n_suffix: int, limit: int, head: int) -> tuple[int, int]:
-        """(prefix tail, suffix head) tokens a plan of ``limit`` tokens keeps after a cached ``head``
-        of the prefix: nearby context matters most, so up to 3/4 of the rest goes to the prefix's tail."""
-        spend = limit - head
-        keep_suffix = min(n_suffix, max(spend // 4, spend - (n_prefix - head)))
-        return spend - keep_suffix, keep_suffix
-
-    def _held_after(self, at: int, n_prefix: int, n_suffix: int, limit: int, head: int) -> int:
-        """How many of the prefix's tokens after ``at`` (the nearest the cursor) such a plan holds."""
-        tail = self._split(n_prefix, n_suffix, limit, head)[0]
-        return min(n_prefix - at, max(0, head - at) + tail)
-
     def _fit(self, offset: int, texts: tuple[str, str], n_middle: int, reserve: int,
-             budget: Budget | None = None, tokens=None, window: int | None = None,
-             cut: tuple[int, int] = (0, 0), inner: int | None = None, near: bool = False) -> Anchor:
+             budget: Budget | None = None, tokens=None, frame: Frame = FRESH, near: bool = False) -> Anchor:
         """Tokenize the pieces (unless ``tokens`` gives them) less the characters ``cut`` leaves out
         at the prefix's start and the suffix's end, cut the prefix to its window (a file bigger than
-        a slot; ``window``, ``inner``: the last anchor's window and near window starts), trim them to the
+        a slot; ``frame``: where the last anchor's cut, window and near window were), trim them to the
         context, and to the latency budget if one is given (see plan()). A budgeted plan starts at
         the near window when what the slots hold there gives it more of the near window's lines than
         a plan from the window's cached head has. ``near``: the near plan (see near_anchor())."""
         prefix_text, suffix_text = texts
+        cut = frame.cut
         if tokens:
             prefix, suffix = list(tokens[0]), list(tokens[1])
         else:
@@ -455,11 +257,11 @@ class Planner:
             raise PlanError(f"context of {self.limits.n_ctx} tokens is too small for this request")
         # The prefix's share of the context: all but the suffix's (at least a quarter, when it has it).
         prefix_room = space - min(len(suffix), max(space // 4, space - len(prefix)))
-        start = self.window_start(len(prefix), prefix_room, window)
+        start = window_start(len(prefix), prefix_room, frame.window)
         prefix = prefix[start:]
         limit = space
         full_context = min(space, len(prefix) + len(suffix))
-        inner = self.near_start(len(prefix), space // NEAR, inner - start if inner is not None else None)
+        inner = near_start(len(prefix), space // NEAR, frame.near_at - start if frame.near_at is not None else None)
         reduced, head, held, base = False, 0, 0, 0
         if near and inner:
             n = len(prefix) - inner
@@ -473,8 +275,8 @@ class Planner:
                 if inner and budget.cached is not None:  # or of the near window, nearer the cursor
                     h, s = self._cached(prefix[inner:], suffix, budget.cached, space)
                     near_fits = min(space, self._fits(budget, h + s, n_middle))
-                    if h and (self._held_after(0, len(prefix) - inner, len(suffix), near_fits, h)
-                              > self._held_after(inner, len(prefix), len(suffix), fits, head)):
+                    if h and (held_after(0, len(prefix) - inner, len(suffix), near_fits, h)
+                              > held_after(inner, len(prefix), len(suffix), fits, head)):
                         base, head, held, limit = inner, h, s, near_fits
             else:
                 head = 0
@@ -482,7 +284,7 @@ class Planner:
         over = len(prefix) + len(suffix) - limit
         p_cut = s_cut = 0
         if over > 0:
-            keep_tail, keep_suffix = self._split(len(prefix), len(suffix), limit, head)
+            keep_tail, keep_suffix = split(len(prefix), len(suffix), limit, head)
             p_cut, s_cut = len(prefix) - head - keep_tail, len(suffix) - keep_suffix
             prefix, suffix = prefix[:head] + prefix[head + p_cut:], suffix[:len(suffix) - s_cut]
         kept = (full[0] if not (p_cut or start or base) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
