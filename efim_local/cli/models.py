@@ -14,8 +14,8 @@ def models():
     \b
     Examples:
       efim models list
-      efim models pull qwen2.5-coder-1.5b
-      efim models use qwen2.5-coder-1.5b
+      efim models pull qwen2.5-coder-0.5b
+      efim models use qwen2.5-coder-0.5b
       efim models pull gemma3-270m --use
     """
 
@@ -71,7 +71,7 @@ def models_pull(name, use_it, as_json):
 
     \b
     Examples:
-      efim models pull qwen2.5-coder-1.5b
+      efim models pull qwen2.5-coder-0.5b
       efim models pull gemma3-270m --use
       efim models pull hf:ggml-org/Qwen2.5-Coder-3B-Q8_0-GGUF/qwen2.5-coder-3b-q8_0.gguf --use
     """
@@ -109,7 +109,7 @@ def models_use(name, fim_template, as_json):
 
     \b
     Examples:
-      efim models use qwen2.5-coder-1.5b
+      efim models use qwen2.5-coder-0.5b
       efim models use ~/models/my-coder.gguf
       efim models use ~/models/plain.gguf --fim-template '<PRE>,<SUF>,<MID>'
     """

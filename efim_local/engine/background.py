@@ -136,15 +136,20 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     finds it cached. ``light``: between a request's tokens (no state saved or restored)."""
     if not reduced(engine, path):
         return
-    session = engine.files.get(path).session
+    engine.size_near()  # before the planner is copied (repository context) and the plans are made
+    state = engine.files.get(path)
+    session = state.session
     partial = session.anchor
     planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
     full = planner.full_anchor(partial, engine.config.max_tokens)
     chunk = (lambda n_ctx: riding_chunk(engine, n_ctx)) if light else engine.idle_chunk
     ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light)
-    near = near_plan(engine, planner, session, full, partial)
+    near = near_plan(engine, planner, path, full, partial)
     if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
-        yield from staged_steps(engine, planner, session, near, ro, len(partial.suffix_tokens), leave=True)
+        grown = yield from staged_steps(engine, planner, session, near, ro, len(partial.suffix_tokens), leave=True)
+        # Then the window grows at least as long before another near plan starts (a cursor that
+        # jumps every few seconds would otherwise spend all growth on near plans, never the window).
+        state.near_until = time.monotonic() + engine.speed.predict_ms(len(grown), 0) / 1000
     tokens = yield from staged_steps(engine, planner, session, full, ro, len(partial.suffix_tokens))
     if partial.same_place(session.anchor):  # nothing re-anchored the file meanwhile (a keystroke may have
         # taken part of the growth: the same anchor, trimmed less)
@@ -170,28 +175,41 @@ def staged_steps(engine, planner, session, anchor, ro: RunOptions, first: int, l
     return tokens
 
 
+# A reduced plan whose cached head (from the window's top) holds this many near windows' worth grows
+# its window, not a near plan: on the click trace's jumps within a file, the 1.5B shape's answers
+# from such heads and the lines nearest the cursor scored better than from near plans.
+HEAD_OVER_NEAR = 4
+BEGUN = 16  # tokens of a near plan past its head that a slot must hold for it to count as begun
 STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
-# A near plan is grown first only if the learned speed computes it within this: on a slower model
-# (the 1.5B shape, 35 tokens/s here) it took longer than the whole window's first stage was worth,
-# and the window's context came later (24% of the full plans on the efim trace fell to 8%).
+# A near plan is grown first only if the learned speed computes it within this; the engine sizes the
+# near window to fit (Engine.size_near): on the 1.5B shape (35 tokens/s here) an eighth of the room
+# took 18 s, and the window's context came that much later (24% of the full plans on the efim trace
+# fell to 8%); a thirty-second, 118 tokens, takes about 4 s.
 NEAR_MAX_MS = 5000
 
 
-def near_plan(engine, planner, session, full, partial):
+def near_plan(engine, planner, path: str, full, partial):
     """The near plan growth computes before ``full`` (planner.near_anchor), or None: when the file's
     window has no near window, the reduced plan ``partial`` already holds the lines it would add, the
     slots already hold it, it would take longer than ``NEAR_MAX_MS`` at the learned speed, or what the
     window's cached head lacks of its prefix is less than twice the near window (growing the window
-    costs little more)."""
+    costs little more), or the file's last near plan was done less than its own time ago (the window
+    grows meanwhile). The near window's size is the engine's (``grow_steps`` sizes it first)."""
+    f = engine.files.get(path)
+    session = f.session
     near = planner.near_anchor(full, engine.config.max_tokens)
     if (near is None or session.layout != "efim" or engine.remote is not None
-            or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)):
+            or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)
+            or (partial.base == 0 and partial.head >= HEAD_OVER_NEAR * len(near.prefix_tokens))):
         return None
     peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
     stable = planner.stable_tokens("efim", near)
     have = peek(stable)
     if have >= len(stable) or not engine.speed.known or engine.speed.predict_ms(len(stable) - have, have) > NEAR_MAX_MS:
         return None
+    begun = have > len(planner.head_tokens(())) + BEGUN
+    if not begun and time.monotonic() < f.near_until:
+        return None  # a new one waits for the window's turn (one begun goes on)
     top = planner.head_tokens(full.prefix_tokens)
     lacks = len(top) - peek(top)
     return near if lacks > 2 * len(near.prefix_tokens) else None

@@ -20,7 +20,7 @@ from ..kv import StateStore, StoreConfig
 from ..kv.fingerprint import layout_key, layout_params
 from ..llama import Batch, Context, Model
 from ..prompt import templates
-from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits
+from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, near_share
 from ..request import CompletionRequest, Options
 from . import background
 from .completion import Completion
@@ -38,6 +38,11 @@ from .status import engine_status
 
 
 log = logging.getLogger("efim.engine")
+NEAR_REGROW = 0.75  # of NEAR_MAX_MS, within which a bigger near window must compute to grow back
+# Seconds after a change of the near window's size before it grows back: a fresh daemon's speed swings
+# while it learns (the 1.5B shape's went 1/16, 1/32, 1/16, 1/32 in its first minute), and each change
+# moves near windows. (Holding a shrink back too kept a first guess too big for 30 s: 1.5B context 20% -> 8%.)
+NEAR_RESIZE_S = 30.0
 
 # Below this much context (prompt tokens of prefix and suffix) the latest answer was starved: a
 # request then waits for the background batch it lands in (growth) rather than drop it.
@@ -144,6 +149,7 @@ class Engine:
             self.speed_file = Path(store.dir) / f"speed-{key}.json"
         self.speed = (load_speed(self.speed_file) if self.speed_file else None) or PrefillSpeed()
         self._saved_speed = self.speed.n
+        self._near_sized_at: float | None = None  # when size_near last changed it (None: never sized)
 
     # -- lifetime -------------------------------------------------------------------------
     def _save_all(self) -> None:
@@ -172,6 +178,7 @@ class Engine:
     def plan(self, req: CompletionRequest) -> Plan:
         """The token plan for a request (and the file's new anchor, if it moved)."""
         session = self.session(req.path)
+        self.size_near()
         if self.repo is not None and session.anchor is None:
             try:
                 self.repo.adopt(session, req.path)
@@ -183,6 +190,32 @@ class Engine:
             plan, session.note = replace(plan, reanchor=plan.reanchor or session.note), None
         self.files.note_request(req.path, req.text, req.cursor)
         return plan
+
+    def size_near(self) -> None:
+        """Sizes the near window (prompt/windows.py) by the learned prefill speed: the largest share of
+        the room whose near plan it computes within ``background.NEAR_MAX_MS`` (an eighth on the 0.5B
+        shape here, a thirty-second on the 1.5B). It shrinks as soon as the speed falls (a busy
+        machine; a fresh daemon's first guess) and grows back only when the bigger share computes
+        within ``NEAR_REGROW`` of that, ``NEAR_RESIZE_S`` after its last change at the soonest, so near
+        windows stay put while the speed wavers."""
+        if not self.speed.known or self.remote is not None:
+            return
+        sized, clock = self._near_sized_at, time.monotonic()
+        space, now = self.planner.space(self.config.max_tokens), self.planner.near
+        fits = lambda ms: near_share(space, lambda n: self.speed.predict_ms(n, 0), ms)
+        size = lambda share: space // share if share else 0
+        share = fits(background.NEAR_MAX_MS)
+        if sized is not None and size(share) >= size(now):
+            if clock - sized < NEAR_RESIZE_S:
+                return
+            share = fits(background.NEAR_MAX_MS * NEAR_REGROW)
+            if size(share) <= size(now):
+                return
+        self._near_sized_at = clock
+        if share != now:
+            self.planner.near = share
+            log.info("near window: %s", f"1/{share} of the room ({space // share} tokens)"
+                     if share else "none (too slow for a near plan within its time)")
 
     def planner_for(self, session: FileSession) -> Planner:
         """The planner of a file's plans: with its repository context (``session.lead``) after BOS."""

@@ -28,6 +28,7 @@ class FileState:
     session: FileSession | None = None  # the planner's anchor (engine thread only)
     open: bool = False  # synced by an editor (didOpen ... didClose)
     touched: float = field(default_factory=time.monotonic)
+    near_until: float = 0.0  # no new near plan before this (monotonic): the window's growth has its turn
 
 
 class Files:

@@ -310,6 +310,7 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
     speed = engine.speed
     if budget > 0 and not speed.known:
         probe_speed(engine)
+        engine.size_near()  # (Engine.plan sizes it when the speed is known already)
     if budget <= 0 or not speed.known:
         return plan
     peek = lambda toks: (engine.reuse if engine.remote is None else engine.remote).peek(np.asarray(toks, np.int32))

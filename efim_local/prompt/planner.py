@@ -16,13 +16,14 @@ standard FIM does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from ..errors import PlanError
 from ..request import LAYOUTS
 from .windows import (CHARS_PER_TOKEN, MAX_CLOSERS, MIN_NEAR, NEAR, Frame, auto_closers,  # noqa: F401
-                      held_after, line_start, near_start, split, text_end, text_start, window_start, window_step)
+                      held_after, line_start, near_share, near_start, split, text_end, text_start, window_start,
+                      window_step)
 
 from .plans import MIN_CONTEXT, Anchor, Budget, FileSession, Markers, Plan, PlannerLimits  # noqa: F401
 
@@ -49,6 +50,7 @@ class Planner:
     tokenize: Tokenize
     markers: Markers
     limits: PlannerLimits = field(default_factory=PlannerLimits)
+    near: int = NEAR  # the near window is the last 1/near of the room (0: none; the engine sizes it)
 
     def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None,
              reserve: int | None = None, budget: Budget | None = None,
@@ -137,7 +139,10 @@ class Planner:
     def near_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor | None:
         """``anchor``'s near plan: its prefix from the near window's start, and a third as many
         suffix tokens (None when the window has no near window: it is small)."""
-        return self._again(anchor, 0, reserve, near=True) if anchor.inner else None
+        if not (anchor.inner and self.near):
+            return None
+        near = self._again(anchor, 0, reserve, near=True)
+        return near if near.inner else None
 
     def refit(self, anchor: Anchor, n_middle: int, budget: Budget, reserve: int | None = None) -> Anchor:
         """``anchor`` (same place, same texts) fitted anew to ``budget``, counting what the slots hold
@@ -221,7 +226,7 @@ class Planner:
             lo = text_start(text, offset, span, last.cut[0] if last is not None else None)
             hi = text_end(text, cursor, span)
         cut = (lo, len(text) - hi)
-        frame = Frame(cut, last.window, last.near_at) if last is not None and last.cut[0] == lo else Frame(cut)
+        frame = replace(last.frame, cut=cut) if last is not None and last.cut[0] == lo else Frame(cut)
         return self._fit(offset, (text[:offset], text[cursor:]), len(middle), reserve, budget, pieces, frame)
 
     window_step = staticmethod(window_step)
@@ -261,7 +266,9 @@ class Planner:
         prefix = prefix[start:]
         limit = space
         full_context = min(space, len(prefix) + len(suffix))
-        inner = near_start(len(prefix), space // NEAR, frame.near_at - start if frame.near_at is not None else None)
+        near_room = space // self.near if self.near else 0
+        near_last = frame.near_at - start if frame.near_at is not None and frame.near == self.near else None
+        inner = near_start(len(prefix), near_room, near_last)
         reduced, head, held, base = False, 0, 0, 0
         if near and inner:
             n = len(prefix) - inner
@@ -290,7 +297,7 @@ class Planner:
         kept = (full[0] if not (p_cut or start or base) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
         return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], start + base + p_cut, s_cut, reduced, head,
                       *full, window=start, full_context=full_context, cut=cut, inner=inner, base=base,
-                      gap=p_cut if head else 0)
+                      gap=p_cut if head else 0, near=self.near if inner else 0)
 
     def _fits(self, budget: Budget, free: int, n_middle: int) -> int:
         """Prefix and suffix tokens a plan gets within ``budget`` when ``free`` of them are cached.

@@ -43,6 +43,7 @@ class Anchor:
     inner: int = 0  # the near window starts at this token of the window's prefix (0: none; aligned, sticky)
     base: int = 0  # this plan's prefix starts at this token of the window's prefix: 0, or ``inner``
     gap: int = 0  # reduced: prefix tokens dropped between the head and the tail nearest the cursor
+    near: int = 0  # the near window is the last 1/near of the room (the planner's share when it was cut)
 
     @property
     def near_at(self) -> int | None:
@@ -52,7 +53,7 @@ class Anchor:
     @property
     def frame(self) -> Frame:
         """Where this anchor's pieces sit, for the next anchor to keep them put."""
-        return Frame(self.cut, self.window, self.near_at)
+        return Frame(self.cut, self.window, self.near_at, self.near)
 
     def same_place(self, other: Anchor | None) -> bool:
         """Whether ``other`` anchors the same text at the same offset (maybe trimmed otherwise)."""

@@ -2,7 +2,8 @@
 
 - The *character cut*: a file far bigger than a slot is tokenized only around the cursor.
 - The *window*: a file's prefix bigger than a slot's room starts at an aligned, sticky token.
-- The *near window*: the last 1/NEAR of the room before the anchor, which a reduced plan grows first.
+- The *near window*: the last 1/NEAR of the room before the anchor (less on a slow model), which a
+  reduced plan grows first.
 - The *closers*: what an editor's auto-pairs put right after the cursor, left out of the suffix.
 """
 
@@ -21,6 +22,10 @@ CHARS_PER_TOKEN = 8
 # click trace, 420 of them scored as well as the whole window; docs/benchmarks-context.md).
 NEAR = 8
 MIN_NEAR = 64  # tokens of room below which a slot has no near window
+# The shares a slower model's near window shrinks to (near_share): on the 1.5B shape (35 tokens/s
+# here) an eighth took 18 s, but the 128 tokens nearest the cursor already close three quarters of
+# what 32 tokens lose against the whole window (docs/benchmarks-context.md).
+NEAR_SHARES = (NEAR, 16, 32, 64)
 
 # What an editor's auto-pairs insert after the cursor. When the text after the cursor differs from
 # the anchor's suffix only by a few of these at its start, the anchor is kept: the closers stay
@@ -33,11 +38,13 @@ MAX_CLOSERS = 4
 class Frame:
     """Where the last anchor's pieces sat, so the next one keeps them put: the characters left
     untokenized at the prefix's start and the suffix's end, the window's start and the near window's
-    (tokens of the tokenized prefix text; None: choose anew)."""
+    (tokens of the tokenized prefix text; None: choose anew), and the share the near window was cut
+    with (a near window of another share is chosen anew)."""
 
     cut: tuple[int, int] = (0, 0)
     window: int | None = None
     near_at: int | None = None
+    near: int = 0
 
 
 def line_start(text: str, offset: int) -> int:
@@ -99,6 +106,19 @@ def near_start(n_prefix: int, room: int, last: int | None) -> int:
     if last is not None and 0 < last and room // 2 <= n_prefix - last <= 2 * room:
         return last
     return window_start(n_prefix, room, None)
+
+
+def near_share(space: int, ms_for, max_ms: float) -> int:
+    """The near window's share of a slot's room of ``space`` tokens (it is the last 1/share): the
+    largest of ``NEAR_SHARES`` whose near plan (its prefix and a third as many suffix tokens)
+    ``ms_for(tokens)`` computes within ``max_ms``; 0 (no near window) when none does."""
+    for share in NEAR_SHARES:
+        n = space // share
+        if n < MIN_NEAR:
+            break
+        if ms_for(n + n // 3) <= max_ms:
+            return share
+    return 0
 
 
 def split(n_prefix: int, n_suffix: int, limit: int, head: int) -> tuple[int, int]:

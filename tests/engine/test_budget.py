@@ -1,5 +1,6 @@
 """The latency budget: plans fit the budget, idle growth is exact and yields within one chunk."""
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -8,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine import CompletionRequest, Engine
+from efim_local.engine import engine as engine_mod
 from efim_local.engine import run as run_mod
 from efim_local.request import Options
 from efim_local.engine.speed import PrefillSpeed
@@ -92,6 +94,17 @@ def test_keystrokes_after_a_reduced_plan_stay_cheap(engine):
         text, cur = text[:cur] + ch + text[cur:], cur + 1
         out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=200))
         assert out.reanchor is None and out.context["reduced"] and out.tokens.evaluated <= 3
+
+
+def _grow_until(engine, path: str, done, chunks: int) -> None:
+    """Grow ``path`` a chunk at a time (a keystroke after each) until ``done()``, at most ``chunks``."""
+    for _ in range(chunks):
+        if done():
+            return
+        try:
+            engine.grow(path, _stop_after(2))
+        except Cancelled:
+            pass
 
 
 def _stop_after(polls: int):
@@ -461,13 +474,8 @@ def test_a_cold_cursor_deep_in_a_file_grows_its_near_window_first(engine, refere
     peek = lambda toks: engine.reuse.peek(np.asarray(toks, np.int32))
     near_plan = pl.stable_tokens("efim", near, engine.session(path).typed)
     top = pl.head_tokens(full.prefix_tokens)
-    for _ in range(len(near_plan) // engine.config.idle_chunk_tokens + 8):  # a chunk at a time
-        if peek(near_plan) == len(near_plan):
-            break
-        try:
-            engine.grow(path, _stop_after(2))
-        except Cancelled:
-            pass
+    _grow_until(engine, path, lambda: peek(near_plan) == len(near_plan),
+                len(near_plan) // engine.config.idle_chunk_tokens + 8)
     assert peek(near_plan) == len(near_plan) and peek(top) < len(pl.head_tokens(())) + 64  # the window's top waits
 
     def key(text, cur, budget=60):
@@ -490,19 +498,82 @@ def test_a_cold_cursor_deep_in_a_file_grows_its_near_window_first(engine, refere
     assert out.context["head_tokens"] >= len(near.prefix_tokens) - 8 and out.tokens.cached >= out.context["head_tokens"]
 
 
-def test_a_slow_model_skips_the_near_plan(engine):
-    """A near plan the learned speed would take more than NEAR_MAX_MS over is not grown first: the
-    whole window grows, as before (on a slow model the near plan delayed it for little)."""
+def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
+    """The engine sizes the near window by the learned speed, again when the speed changes: where an
+    eighth of the room would take more than NEAR_MAX_MS, a sixteenth is grown first, and a keystroke
+    has it cached (answering as from the same plan computed cold); where none would fit in time,
+    there is no near window."""
     from efim_local.engine import background
 
     text, path = DOCS[1], "near-slow.py"
-    engine.forget(path)
-    cur = text.index("\n", 5200) + 1
-    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=60, max_tokens=2))
-    pl, anchor = engine.planner, engine.session(path).anchor
-    full, near = pl.full_anchor(anchor), pl.near_anchor(anchor)
-    ms = background.NEAR_MAX_MS / len(pl.stable_tokens("efim", near)) * 1.5
-    engine.speed = PrefillSpeed.fixed(ms)  # (fixed_speed sets 1 ms again for the next test)
-    assert background.near_plan(engine, pl, engine.session(path), full, anchor) is None
-    engine.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
-    assert background.near_plan(engine, pl, engine.session(path), full, anchor) is not None
+    pl = engine.planner
+    eighth = pl.space(engine.config.max_tokens) // 8
+    ms = background.NEAR_MAX_MS / (eighth + eighth // 3) * 1.5  # an eighth: 7.5 s; a sixteenth: 3.8 s
+    try:
+        engine._near_sized_at = None
+        # It shrinks when the speed falls, and grows back only with room to spare (a sixteenth in
+        # 3/4 of the time, NEAR_RESIZE_S after a change), so windows stay put while the speed wavers.
+        for speed, share in ((ms, 16), (ms * 8, 0), (ms * 1.1, 0), (ms * 0.8, 16), (MS_PER_TOKEN, 8), (ms, 16)):
+            engine.speed = PrefillSpeed.fixed(speed)
+            if engine._near_sized_at is not None:
+                engine._near_sized_at -= engine_mod.NEAR_RESIZE_S
+            engine.size_near()
+            assert pl.near == share
+        engine.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
+        engine.size_near()
+        assert pl.near == 16  # changed less than NEAR_RESIZE_S ago: it does not grow back yet
+        engine.speed = PrefillSpeed.fixed(ms * 8)
+        engine.size_near()
+        assert pl.near == 0  # but shrinks at once
+        engine.speed, engine._near_sized_at = PrefillSpeed.fixed(ms), None
+        engine.size_near()
+        assert pl.near == 16
+        engine.forget(path)
+        cur = text.index("\n", 5200) + 1
+        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=ms * 12, max_tokens=2)
+        engine.complete(req)
+        anchor = engine.session(path).anchor
+        assert pl.near == 16 and anchor.reduced and anchor.inner
+        full = pl.full_anchor(anchor)
+        near = background.near_plan(engine, pl, path, full, anchor)
+        assert near is not None and len(near.prefix_tokens) <= eighth // 2
+        # A plan whose cached head from the window's top holds a few near windows grows the window.
+        headed = replace(anchor, head=background.HEAD_OVER_NEAR * len(near.prefix_tokens))
+        assert anchor.base == 0 and background.near_plan(engine, pl, path, full, headed) is None
+        stable = pl.stable_tokens("efim", near, engine.session(path).typed)
+        peek = lambda toks: engine.reuse.peek(np.asarray(toks, np.int32))
+        t0 = time.monotonic()
+        _grow_until(engine, path, lambda: peek(stable) == len(stable), len(stable))  # small chunks at this speed
+        assert peek(stable) == len(stable)
+        # The file's next near plan waits as long as this one takes at the learned speed.
+        took = engine.speed.predict_ms(len(stable), 0) / 1000
+        assert t0 + took <= engine.files.get(path).near_until <= time.monotonic() + took
+        text, cur = text[:cur] + "x" + text[cur:], cur + 1  # a keystroke
+        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=ms * 12, max_tokens=4)
+        out = engine.complete(req)
+        # Taken (grown), or the budgeted re-plan starts from it: either way, the near prefix, cached.
+        assert out.reanchor in ("grown", "latency_budget") and out.context["head_tokens"] >= len(near.prefix_tokens)
+        assert out.tokens.evaluated <= planner_mod.MIN_CONTEXT + 8
+        cold = reference.run(engine.plan(req).tokens, Options(max_tokens=4), cold=True)
+        assert out.token_ids == cold.token_ids
+        # A jump to a cold place right after: its near plan waits while the window has its turn (as
+        # long as the last near plan took), so a cursor that jumps every few seconds still gets it.
+        state = engine.files.get(path)
+        far = text.index("\n", 3000) + 1
+        engine.complete(CompletionRequest(text, far, path=path, layout="efim", max_prompt_ms=ms * 12, max_tokens=2))
+        there = engine.session(path).anchor
+        far_near = lambda: background.near_plan(engine, pl, path, pl.full_anchor(there), there)
+        state.near_until = time.monotonic() + 60
+        assert far_near() is None
+        state.near_until = 0.0
+        assert far_near() is not None
+        # One begun goes on, however soon.
+        far_stable = pl.stable_tokens("efim", far_near())
+        _grow_until(engine, path, lambda: peek(far_stable) > len(pl.head_tokens(())) + background.BEGUN,
+                    len(far_stable))
+        assert len(pl.head_tokens(())) + background.BEGUN < peek(far_stable) < len(far_stable)
+        state.near_until = time.monotonic() + 60
+        assert far_near() is not None
+    finally:
+        engine.speed, engine._near_sized_at = PrefillSpeed.fixed(MS_PER_TOKEN), None
+        engine.size_near()

@@ -349,3 +349,44 @@ def test_a_small_file_has_no_window():
     pl, s = make(), FileSession()
     plan = pl.plan(s, BIG[:2000], 1000, "efim")
     assert s.anchor.window == 0 and plan.prefix_trimmed == 0
+
+
+def test_a_slower_model_gets_a_smaller_near_window():
+    """near_share: the largest share of the room whose near plan (its prefix and a third as many
+    suffix tokens) computes within the time allowed; none when even 1/64 would not, or it would hold
+    fewer than MIN_NEAR tokens. The planner's near windows follow its share."""
+    ms = lambda tokens_per_s: (lambda n: 1000 * n / tokens_per_s)
+    assert P.near_share(3770, ms(200), 5000) == 8  # 471 + 157 tokens in 3.1 s
+    assert P.near_share(3770, ms(35), 5000) == 32  # an eighth: 18 s; a sixteenth: 9 s; 1/32: 4.5 s
+    assert P.near_share(3770, ms(5), 5000) == 0
+    assert P.near_share(3770, ms(1e6), 5000) == 8
+    assert P.near_share(3000, ms(1e6), 5000) == 8 and P.near_share(600, ms(1e6), 5000) == 8
+    assert P.near_share(400, ms(1e6), 5000) == 0  # 400 // 8 < MIN_NEAR
+    assert P.near_share(3000, ms(70), 5000) == 16 and P.near_share(1000, ms(70), 5000) == 8
+    lines = BIG.splitlines(keepends=True)
+    cursor = sum(map(len, lines[:1000]))
+    rooms = {}
+    for share in (8, 32, 0):
+        pl, s = make(n_ctx=4096, max_middle_tokens=64), FileSession()
+        pl.near = share
+        pl.plan(s, BIG, cursor, "efim")
+        near = pl.near_anchor(s.anchor)
+        rooms[share] = len(near.prefix_tokens) if near else 0
+        if near:
+            assert list(near.prefix_tokens) == list(s.anchor.full_prefix[s.anchor.near_at:])
+            assert len(near.suffix_tokens) <= len(near.prefix_tokens) // 3 + 1
+    # A new share cuts its own near window at the next plan (the old one's start is not kept), and
+    # none gives no near plan, whatever the anchor had.
+    pl, s = make(n_ctx=4096, max_middle_tokens=64), FileSession()
+    pl.plan(s, BIG, cursor, "efim")
+    small = pl.space(P.PlannerLimits().reserve_tokens) // 32
+    pl.near = 32
+    assert s.anchor.near == 8 and len(pl.near_anchor(s.anchor).prefix_tokens) <= small
+    pl.plan(s, BIG, cursor + len(lines[1000]), "efim")
+    assert s.anchor.near == 32 and len(pl.near_anchor(s.anchor).prefix_tokens) <= small
+    pl.near = 0
+    assert pl.near_anchor(s.anchor) is None
+    room = make(n_ctx=4096, max_middle_tokens=64).space(P.PlannerLimits().reserve_tokens)
+    for share in (8, 32):  # the near window's start is aligned as a window's: one to two steps below
+        assert room // share - 2 * P.window_step(room // share) <= rooms[share] <= room // share
+    assert rooms[0] == 0
