@@ -58,10 +58,12 @@ class SlotManager:
         scored = [(common_prefix(s.tokens, tokens), s) for s in (self.slots if busy_ok else self.free())]
         n, slot = max(scored, key=lambda x: (x[0], -x[1].last_used))
         if n < min(self.min_reuse, len(tokens)):
-            # The file's own slot first (one file never takes a second slot), then an empty one, then
+            # The file's own slot first (one file never takes a second slot), then one that holds less
+            # than a reuse's worth (idle work cut it to a marker: it is the most recently used, and
+            # taking the least recently used instead evicted the plan growth had just finished), then
             # the least recently used.
-            n, slot = min(scored, key=lambda x: (path is None or x[1].path != path, len(x[1].tokens) > 0,
-                                                 x[1].last_used))
+            n, slot = min(scored, key=lambda x: (path is None or x[1].path != path,
+                                                 len(x[1].tokens) >= self.min_reuse, x[1].last_used))
         return slot, n
 
     def spare(self, exclude: int) -> Slot | None:

@@ -16,3 +16,16 @@ def test_a_file_whose_prompt_changed_at_the_top_reuses_its_own_slot():
     slot, n = m.pick(new, "/w/c.py")  # another file takes the empty slot, as before
     assert slot is m.slots[2] and n == 0
     assert m.pick(np.arange(1, 30, dtype=np.int32), "/w/c.py") == (m.slots[0], 29)  # a long match wins
+
+
+def test_growth_takes_a_slot_cut_to_a_marker_before_the_least_recently_used():
+    """Growth that shares only the FIM marker with every slot cut one to that marker (touching it),
+    then took the least recently used slot the next time: the plan it had just finished there, which
+    the next keystroke was to adopt, and which it then computed again (CI's riding test caught it)."""
+    m = SlotManager(3, min_reuse=16)
+    m.slots[0].tokens, m.slots[0].path, m.slots[0].last_used = np.arange(1, 300, dtype=np.int32), "/w/a.py", 1.0
+    m.slots[1].tokens, m.slots[1].path, m.slots[1].last_used = np.array([1], dtype=np.int32), "/w/a.py", 3.0
+    m.slots[2].tokens, m.slots[2].path, m.slots[2].last_used = np.arange(1, 120, dtype=np.int32), "/w/a.py", 2.0
+    full = np.array([1, 500, 501, 502], dtype=np.int32)  # another plan of the same file
+    assert m.pick(full, None) == (m.slots[1], 1)  # idle work (no path)
+    assert m.pick(full, "/w/a.py") == (m.slots[1], 1)
