@@ -48,6 +48,7 @@ class ContextConfig:
     threads: int = 0  # the daemon's (0: its default, the free cores)
     scorer_threads: int = 1
     max_prompt_ms: float | None = None  # efim's latency budget; None: the config's default
+    busy: bool = False  # the replay with one core kept busy by another process (not the scoring)
     max_chars: int = 32
     form: str = "left"  # "left" | "fim"
     n_boot: int = 2000
@@ -178,7 +179,8 @@ def run(cfg: ContextConfig) -> dict:
     from .score import Scorer
 
     pc = paced.PacedConfig(cfg.model, max_requests=cfg.max_requests, n_ctx=cfg.n_ctx, threads=cfg.threads,
-                           max_prompt_ms=cfg.max_prompt_ms, server=None, trace=cfg.trace, pacing=cfg.pacing)
+                           max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy, server=None, trace=cfg.trace,
+                           pacing=cfg.pacing)
     replay = paced.run(pc)
     st = paced.steps(tr.load(tr.resolve(cfg.trace)), cfg.pacing)
     fired = paced.requests(st, cfg.pacing, cfg.max_requests)
@@ -235,7 +237,7 @@ def run(cfg: ContextConfig) -> dict:
                    "ci95_hi": v["ci95"][1], "rel_pct": 100 * v["rel"], "rel_ci95_lo_pct": 100 * v["rel_ci95"][0],
                    "rel_ci95_hi_pct": 100 * v["rel_ci95"][1]} for k, v in stats["diff"].items()]
     return {"trace": str(cfg.trace or "efim"), "model": str(cfg.model), "scorer": str(scorer_path),
-            "form": cfg.form, "max_prompt_ms": cfg.max_prompt_ms, "requests": len(fired),
+            "form": cfg.form, "max_prompt_ms": cfg.max_prompt_ms, "busy": cfg.busy, "requests": len(fired),
             "scored": len(chars), "skipped": skipped, "chars": sum(chars), "scorer_tokens_evaluated": evaluated,
             "summary": summary, "diffs": diffs, "paced": [s for s in replay["summary"]], "rows": kept}
 
@@ -245,7 +247,8 @@ def table(r: dict) -> str:
     head = (f"Context quality: {r['scored']} of {r['requests']} requests scored ({r['chars']} characters typed "
             f"next; not scored: {', '.join(f'{v} {k}' for k, v in r['skipped'].items())}), "
             f"{r['trace']} trace, scorer {Path(r['scorer']).name}, form {r['form']}, "
-            f"budget {'default' if r['max_prompt_ms'] is None else r['max_prompt_ms']}")
+            f"budget {'default' if r['max_prompt_ms'] is None else r['max_prompt_ms']}"
+            + ("; one core kept busy during the replay" if r.get("busy") else ""))
     if not r["summary"]:
         return head + "\n(no request to score)\n"
     return "\n".join([head, bu.table(r["summary"], list(r["summary"][0])),

@@ -58,7 +58,7 @@ def run(cfg: SuiteConfig, log=print) -> dict:
     if "context" in cfg.parts:
         cc = context.ContextConfig(model, trace=cfg.trace, max_requests=cfg.max_requests or (40 if q else 200),
                                    threads=cfg.threads, scorer_threads=cfg.threads or os.cpu_count() or 1,
-                                   max_prompt_ms=cfg.max_prompt_ms,
+                                   max_prompt_ms=cfg.max_prompt_ms, busy=cfg.busy,
                                    n_boot=500 if q else 2000, n_ctx=cfg.n_ctx or 4096)
         res["context"] = context.run(cc)
         log(context.table(res["context"]))

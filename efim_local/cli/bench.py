@@ -26,7 +26,8 @@ from . import emit, main, user_errors
               show_default=True, help="Where the JSON and PNG go.")
 @click.option("--max-prompt-ms", type=click.FloatRange(0, 600_000), default=None,
               help="efim's latency budget in the paced replays (0: off; default: the config's, 300 ms).")
-@click.option("--busy", is_flag=True, help="Paced replay with one core kept busy by another process.")
+@click.option("--busy", is_flag=True,
+              help="The paced replays (paced, context) with one core kept busy by another process.")
 @click.option("--n-ctx", type=click.IntRange(256, 1 << 20), default=None,
               help="Tokens per slot (efim) and of llama-server's context in the paced and context parts "
                    "(default: 8192 paced, 4096 context, the daemon's default).")

@@ -36,8 +36,9 @@ def test_paced_replay_times_the_first_text_at_the_client(tiny_model):
 
 
 def test_context_part_scores_each_planned_request(tiny_model):
-    cfg = context.ContextConfig(tiny_model, scorer=tiny_model, trace="click", max_requests=15, n_boot=50)
+    cfg = context.ContextConfig(tiny_model, scorer=tiny_model, trace="click", max_requests=15, n_boot=50, busy=True)
     res = context.run(cfg)
+    assert res["busy"] and "one core kept busy" in context.table(res)  # (efim bench --only context --busy)
     assert res["scored"] >= 5 and res["scored"] + sum(res["skipped"].values()) == 15
     by = {(x["requests"], x["context"]): x for x in res["summary"]}
     used, full, vim = by["planned", "used"], by["planned", "full"], by["planned", "llama.vim"]
