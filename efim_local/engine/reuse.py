@@ -151,7 +151,9 @@ class Reuse:
         if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
             self.clear(slot)
         slot.touch(path)
-        slot.dirty = (self.store is not None and len(slot.tokens) > 0 and not slot.sparse
+        # (A slot too short to save is never dirty: growth cut to a marker would otherwise make the
+        # next riding step that picks it save first, which riding growth never does: it would stall.)
+        slot.dirty = (self.store is not None and len(slot.tokens) >= self.store.cfg.min_tokens and not slot.sparse
                       and (slot.dirty or not start.same or cold))
         ck = checkpoint if checkpoint is not None else n_prompt - 1
         slot.checkpoint = max(0, min(ck, n_prompt - 1, len(slot.tokens)))

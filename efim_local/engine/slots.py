@@ -67,9 +67,10 @@ class SlotManager:
         return slot, n
 
     def spare(self, exclude: int) -> Slot | None:
-        """An empty slot other than ``exclude``, else the least recently used other one."""
+        """A slot other than ``exclude`` that holds less than a reuse's worth, else the least recently
+        used other one (as ``pick``)."""
         others = [s for s in self.free() if s.seq != exclude]
-        return min(others, key=lambda s: (len(s.tokens) > 0, s.last_used)) if others else None
+        return min(others, key=lambda s: (len(s.tokens) >= self.min_reuse, s.last_used)) if others else None
 
     def lru(self, exclude: set[int]) -> Slot | None:
         cands = [s for s in self.free() if s.seq not in exclude and len(s.tokens)]

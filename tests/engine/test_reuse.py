@@ -36,3 +36,29 @@ def test_hits_per_tier_are_counted_and_reported(tmp_path, tiny_model):
         st = e.status()["store"]
         assert st["hits"]["slot"] >= 1 and st["hits"]["ram"] == 1 and st["misses"]["no_state"] == 2
         assert {"sparse_restores", "shrunk_disk", "evicted_disk", "dropped"} <= set(st)
+
+
+def test_riding_growth_takes_a_marker_slot_without_saving_it(tmp_path, tiny_model):
+    """Growth cut a slot to the shared marker, and the next growth step takes that slot first
+    (SlotManager.pick). It was marked dirty, so a step riding along a request (``light``: it never
+    saves) was cancelled there, step after step, until an idle save. A slot too short to save is
+    never dirty."""
+    import numpy as np
+
+    from efim_local.engine.reuse import Start
+    from efim_local.errors import Cancelled
+
+    sc = StoreConfig(tmp_path / "kv", ram_mb=64, disk_mb=64, min_tokens=16)
+    with Engine(small_config(n_slots=2), tiny_model, store=sc) as e:
+        e.complete(CompletionRequest(DOC, DOC.index("yield"), path="a.py"))  # a plan worth keeping, in a slot
+        plan = next(s for s in e.slots.slots if len(s.tokens))
+        marker = next(s for s in e.slots.slots if s is not plan)
+        e.reuse.decoder.prefill(marker, plan.tokens[:2], 0)  # the marker, as growth cut to it leaves a slot
+        e.reuse.finish(Start(marker, 0, "none"), "a.py", 1, None, cold=False, idle=True)
+        assert not marker.dirty and plan.dirty  # the plan was not saved yet: it is
+        other = np.concatenate([plan.tokens[:1], np.arange(200, 240, dtype=np.int32)])  # another plan of a.py
+        try:
+            start = e.reuse.start(other, "a.py", False, idle=True, light=True)
+        except Cancelled:
+            raise AssertionError("riding growth was cancelled on the marker slot") from None
+        assert start.slot is marker and start.n_common == 1

@@ -29,3 +29,4 @@ def test_growth_takes_a_slot_cut_to_a_marker_before_the_least_recently_used():
     full = np.array([1, 500, 501, 502], dtype=np.int32)  # another plan of the same file
     assert m.pick(full, None) == (m.slots[1], 1)  # idle work (no path)
     assert m.pick(full, "/w/a.py") == (m.slots[1], 1)
+    assert m.spare(exclude=2) is m.slots[1]  # where growth copies a keystroke's slot to grow it (Reuse.fork)
