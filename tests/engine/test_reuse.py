@@ -55,7 +55,7 @@ def test_riding_growth_takes_a_marker_slot_without_saving_it(tmp_path, tiny_mode
         marker = next(s for s in e.slots.slots if s is not plan)
         e.reuse.decoder.prefill(marker, plan.tokens[:2], 0)  # the marker, as growth cut to it leaves a slot
         e.reuse.finish(Start(marker, 0, "none"), "a.py", 1, None, cold=False, idle=True)
-        assert not marker.dirty and plan.dirty  # the plan was not saved yet: it is
+        assert not marker.dirty and plan.dirty  # (the plan, not saved yet, stays dirty)
         other = np.concatenate([plan.tokens[:1], np.arange(200, 240, dtype=np.int32)])  # another plan of a.py
         try:
             start = e.reuse.start(other, "a.py", False, idle=True, light=True)
