@@ -146,6 +146,9 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light)
     near = near_plan(engine, planner, path, full, partial)
     if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
+        nearest = nearest_plan(engine, planner, full, partial, near)
+        if nearest is not None:  # and before it the nearest window's: under a second
+            yield from staged_steps(engine, planner, session, nearest, ro, len(partial.suffix_tokens), leave=True)
         grown = yield from staged_steps(engine, planner, session, near, ro, len(partial.suffix_tokens), leave=True)
         # Then the window grows at least as long before another near plan starts (a cursor that
         # jumps every few seconds would otherwise spend all growth on near plans, never the window).
@@ -213,6 +216,22 @@ def near_plan(engine, planner, path: str, full, partial):
     top = planner.head_tokens(full.prefix_tokens)
     lacks = len(top) - peek(top)
     return near if lacks > 2 * len(near.prefix_tokens) else None
+
+
+def nearest_plan(engine, planner, full, partial, near):
+    """The nearest window's plan growth computes before the near plan ``near``, or None: when the
+    window has no nearest window, the near plan has begun (a slot holds some of it past its head),
+    the reduced plan ``partial`` starts there already or holds the lines it would add, or the slots
+    hold it already."""
+    nearest = planner.near_anchor(full, engine.config.max_tokens, nearest=True)
+    if nearest is None or partial.base == nearest.base or len(partial.prefix_tokens) - partial.head >= len(
+            nearest.prefix_tokens):
+        return None
+    peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
+    if peek(planner.stable_tokens("efim", near)) > len(planner.head_tokens(())) + BEGUN:
+        return None
+    stable = planner.stable_tokens("efim", nearest)
+    return nearest if peek(stable) < len(stable) else None
 
 
 def stages(engine, planner, session, full, tokens, first: int = 0) -> list[tuple[int, ...]]:

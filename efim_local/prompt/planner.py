@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from ..errors import PlanError
 from ..request import LAYOUTS
-from .windows import (CHARS_PER_TOKEN, MAX_CLOSERS, MIN_NEAR, NEAR, Frame, auto_closers,  # noqa: F401
+from .windows import (CHARS_PER_TOKEN, MAX_CLOSERS, MIN_NEAR, NEAR, NEAREST, Frame, auto_closers,  # noqa: F401
                       held_after, line_start, near_share, near_start, split, text_end, text_start, window_start,
                       window_step)
 
@@ -136,13 +136,14 @@ class Planner:
         """``anchor`` with the context a latency budget trimmed off put back (same texts, same offset)."""
         return self._again(anchor, 0, reserve)
 
-    def near_anchor(self, anchor: Anchor, reserve: int | None = None) -> Anchor | None:
-        """``anchor``'s near plan: its prefix from the near window's start, and a third as many
-        suffix tokens (None when the window has no near window: it is small)."""
+    def near_anchor(self, anchor: Anchor, reserve: int | None = None, nearest: bool = False) -> Anchor | None:
+        """``anchor``'s near plan: its prefix from the near window's start (``nearest``: the nearest
+        window's), and a third as many suffix tokens (None when the window has no such window: it is
+        small)."""
         if not (anchor.inner and self.near):
             return None
-        near = self._again(anchor, 0, reserve, near=True)
-        return near if near.inner else None
+        near = self._again(anchor, 0, reserve, near=2 if nearest else 1)
+        return near if (near.innermost if nearest else near.inner) else None
 
     def refit(self, anchor: Anchor, n_middle: int, budget: Budget, reserve: int | None = None) -> Anchor:
         """``anchor`` (same place, same texts) fitted anew to ``budget``, counting what the slots hold
@@ -150,7 +151,7 @@ class Planner:
         return self._again(anchor, n_middle, reserve, budget)
 
     def _again(self, anchor: Anchor, n_middle: int, reserve: int | None, budget: Budget | None = None,
-               near: bool = False) -> Anchor:
+               near: int = 0) -> Anchor:
         """``anchor``'s untrimmed pieces, in its place, fitted anew (no tokenizing)."""
         reserve = self.limits.reserve_tokens if reserve is None else reserve
         return self._fit(anchor.offset, (anchor.prefix_text, anchor.suffix_text), n_middle, reserve, budget,
@@ -242,13 +243,14 @@ class Planner:
         return self.limits.n_ctx - self._total((), (), (), reserve) - room
 
     def _fit(self, offset: int, texts: tuple[str, str], n_middle: int, reserve: int,
-             budget: Budget | None = None, tokens=None, frame: Frame = FRESH, near: bool = False) -> Anchor:
+             budget: Budget | None = None, tokens=None, frame: Frame = FRESH, near: int = 0) -> Anchor:
         """Tokenize the pieces (unless ``tokens`` gives them) less the characters ``cut`` leaves out
         at the prefix's start and the suffix's end, cut the prefix to its window (a file bigger than
         a slot; ``frame``: where the last anchor's cut, window and near window were), trim them to the
         context, and to the latency budget if one is given (see plan()). A budgeted plan starts at
-        the near window when what the slots hold there gives it more of the near window's lines than
-        a plan from the window's cached head has. ``near``: the near plan (see near_anchor())."""
+        the near (or nearest) window when what the slots hold there gives it more of the near window's
+        lines than a plan from the window's cached head has. ``near``: the near plan (1) or the
+        nearest (2) (see near_anchor())."""
         prefix_text, suffix_text = texts
         cut = frame.cut
         if tokens:
@@ -267,24 +269,32 @@ class Planner:
         limit = space
         full_context = min(space, len(prefix) + len(suffix))
         near_room = space // self.near if self.near else 0
-        near_last = frame.near_at - start if frame.near_at is not None and frame.near == self.near else None
-        inner = near_start(len(prefix), near_room, near_last)
+        same = frame.near == self.near
+        last = lambda at: at - start if at is not None and same else None
+        inner = near_start(len(prefix), near_room, last(frame.near_at))
+        innermost = near_start(len(prefix), near_room // NEAREST, last(frame.nearest_at)) if inner else 0
+        innermost = innermost if innermost > inner else 0
         reduced, head, held, base = False, 0, 0, 0
-        if near and inner:
-            n = len(prefix) - inner
-            base, limit, reduced = inner, min(space, n + n // 3), True
+        at = (0, inner, innermost)[near]
+        if at:
+            n = len(prefix) - at
+            base, limit, reduced = at, min(space, n + n // 3), True
         elif budget is not None:
             if budget.cached is not None:  # what a slot already holds of the window costs nothing
                 head, held = self._cached(prefix, suffix, budget.cached, space)
             fits = self._fits(budget, head + held, n_middle)
             if fits < min(space, len(prefix) + len(suffix)):
                 limit, reduced = fits, True
-                if inner and budget.cached is not None:  # or of the near window, nearer the cursor
-                    h, s = self._cached(prefix[inner:], suffix, budget.cached, space)
+                # or of the near or nearest window, nearer the cursor: the one that holds most of the near window
+                best = held_after(inner, len(prefix), len(suffix), fits, head) if inner else 0
+                for b in (inner, innermost) if budget.cached is not None else ():
+                    if not b:
+                        continue
+                    h, s = self._cached(prefix[b:], suffix, budget.cached, space)
                     near_fits = min(space, self._fits(budget, h + s, n_middle))
-                    if h and (held_after(0, len(prefix) - inner, len(suffix), near_fits, h)
-                              > held_after(inner, len(prefix), len(suffix), fits, head)):
-                        base, head, held, limit = inner, h, s, near_fits
+                    got = held_after(max(0, inner - b), len(prefix) - b, len(suffix), near_fits, h)
+                    if h and got > best:
+                        best, base, head, held, limit = got, b, h, s, near_fits
             else:
                 head = 0
         prefix = prefix[base:]
@@ -297,7 +307,7 @@ class Planner:
         kept = (full[0] if not (p_cut or start or base) else tuple(prefix), full[1] if not s_cut else tuple(suffix))
         return Anchor(offset, prefix_text, kept[0], suffix_text, kept[1], start + base + p_cut, s_cut, reduced, head,
                       *full, window=start, full_context=full_context, cut=cut, inner=inner, base=base,
-                      gap=p_cut if head else 0, near=self.near if inner else 0)
+                      gap=p_cut if head else 0, near=self.near if inner else 0, innermost=innermost)
 
     def _fits(self, budget: Budget, free: int, n_middle: int) -> int:
         """Prefix and suffix tokens a plan gets within ``budget`` when ``free`` of them are cached.

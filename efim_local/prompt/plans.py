@@ -41,7 +41,8 @@ class Anchor:
     full_context: int = 0  # prefix and suffix tokens of the plan without a latency budget
     cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end
     inner: int = 0  # the near window starts at this token of the window's prefix (0: none; aligned, sticky)
-    base: int = 0  # this plan's prefix starts at this token of the window's prefix: 0, or ``inner``
+    innermost: int = 0  # the nearest window (inside the near window) starts here (0: none; aligned, sticky)
+    base: int = 0  # this plan's prefix starts at this token of the window's prefix: 0, ``inner`` or ``innermost``
     gap: int = 0  # reduced: prefix tokens dropped between the head and the tail nearest the cursor
     near: int = 0  # the near window is the last 1/near of the room (the planner's share when it was cut)
 
@@ -53,7 +54,8 @@ class Anchor:
     @property
     def frame(self) -> Frame:
         """Where this anchor's pieces sit, for the next anchor to keep them put."""
-        return Frame(self.cut, self.window, self.near_at, self.near)
+        nearest_at = self.window + self.innermost if self.innermost else None
+        return Frame(self.cut, self.window, self.near_at, self.near, nearest_at)
 
     def same_place(self, other: Anchor | None) -> bool:
         """Whether ``other`` anchors the same text at the same offset (maybe trimmed otherwise)."""

@@ -3,7 +3,7 @@
 - The *character cut*: a file far bigger than a slot is tokenized only around the cursor.
 - The *window*: a file's prefix bigger than a slot's room starts at an aligned, sticky token.
 - The *near window*: the last 1/NEAR of the room before the anchor (less on a slow model), which a
-  reduced plan grows first.
+  reduced plan grows first, and inside it the *nearest window*, a quarter of it, grown before it.
 - The *closers*: what an editor's auto-pairs put right after the cursor, left out of the suffix.
 """
 
@@ -26,6 +26,11 @@ MIN_NEAR = 64  # tokens of room below which a slot has no near window
 # here) an eighth took 18 s, but the 128 tokens nearest the cursor already close three quarters of
 # what 32 tokens lose against the whole window (docs/benchmarks-context.md).
 NEAR_SHARES = (NEAR, 16, 32, 64)
+# The nearest window: the last 1/NEAREST of the near window, grown before it when a cold window's
+# reduced plan holds less (a file opened or a jump far down): on the click trace all of the loss
+# against the full plans came from the 2-3 s such plans of 40-60 tokens waited for the near plan,
+# which a plan of about a hundred of the nearest tokens shortens to under a second.
+NEAREST = 4
 
 # What an editor's auto-pairs insert after the cursor. When the text after the cursor differs from
 # the anchor's suffix only by a few of these at its start, the anchor is kept: the closers stay
@@ -37,14 +42,15 @@ MAX_CLOSERS = 4
 @dataclass(frozen=True)
 class Frame:
     """Where the last anchor's pieces sat, so the next one keeps them put: the characters left
-    untokenized at the prefix's start and the suffix's end, the window's start and the near window's
-    (tokens of the tokenized prefix text; None: choose anew), and the share the near window was cut
-    with (a near window of another share is chosen anew)."""
+    untokenized at the prefix's start and the suffix's end, the window's start, the near window's and
+    the nearest window's (tokens of the tokenized prefix text; None: choose anew), and the share the
+    near window was cut with (near windows of another share are chosen anew)."""
 
     cut: tuple[int, int] = (0, 0)
     window: int | None = None
     near_at: int | None = None
     near: int = 0
+    nearest_at: int | None = None
 
 
 def line_start(text: str, offset: int) -> int:

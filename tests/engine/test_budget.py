@@ -577,3 +577,94 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
     finally:
         engine.speed, engine._near_sized_at = PrefillSpeed.fixed(MS_PER_TOKEN), None
         engine.size_near()
+
+
+@pytest.fixture(scope="module")
+def wide(tiny_model):
+    """An engine with the daemon's default slot (4,096 tokens): its near window has a nearest window."""
+    with Engine(small_config(n_ctx_seq=4096, idle_chunk_tokens=32), tiny_model) as e:
+        e.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
+        yield e
+
+
+@pytest.fixture(scope="module")
+def wide_reference(tiny_model):
+    with Engine(small_config(n_ctx_seq=4096, n_slots=1), tiny_model) as e:
+        yield e
+
+
+def test_a_cold_cursor_grows_its_nearest_window_before_its_near_window(wide, wide_reference):
+    """A cold cursor deep in a file: growth computes the plan of the nearest window (a quarter of the
+    near window) first, a keystroke takes it, then the near plan, which the next keystroke takes;
+    every answer equals its plan computed cold."""
+    from efim_local.engine import background
+
+    engine, text, path = wide, DOCS[1], "nearest.py"
+    engine.forget(path)
+    engine.clear_slots()
+    cur = text.index("\n", 5200) + 1
+    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=2))
+    anchor, pl = engine.session(path).anchor, engine.planner
+    full, near = pl.full_anchor(anchor), pl.near_anchor(anchor)
+    nearest = pl.near_anchor(anchor, nearest=True)
+    assert anchor.reduced and anchor.inner < anchor.innermost and nearest.base == anchor.innermost
+    assert list(nearest.prefix_tokens) == list(full.prefix_tokens[anchor.innermost:])  # the nearest lines, whole
+    room = pl.space(8) // planner_mod.NEAR // planner_mod.NEAREST
+    assert len(anchor.prefix_tokens) < len(nearest.prefix_tokens) <= room
+    peek = lambda toks: engine.reuse.peek(np.asarray(toks, np.int32))
+    typed = engine.session(path).typed
+    nearest_plan, near_plan = (pl.stable_tokens("efim", a, typed) for a in (nearest, near))
+    _grow_until(engine, path, lambda: peek(nearest_plan) == len(nearest_plan),
+                len(nearest_plan) // engine.config.idle_chunk_tokens + 8)
+    assert peek(nearest_plan) == len(nearest_plan)
+    assert peek(near_plan) <= len(pl.head_tokens(())) + background.BEGUN  # the near plan waits
+
+    def key(text, cur):
+        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=4)
+        out = engine.complete(req)
+        cold = wide_reference.run(engine.plan(req).tokens, Options(max_tokens=4), cold=True)
+        assert out.token_ids == cold.token_ids and out.tokens.evaluated <= 40
+        return out
+
+    text, cur = text[:cur] + "x" + text[cur:], cur + 1
+    out = key(text, cur)
+    assert out.reanchor == "grown" and out.context["prefix_tokens"] == len(nearest.prefix_tokens)
+    assert engine.session(path).anchor.base == anchor.innermost
+    # Growth goes on with the near plan (the nearest one, taken, is not computed again).
+    assert background.nearest_plan(engine, pl, full, engine.session(path).anchor, near) is None
+    near_plan = pl.stable_tokens("efim", near, engine.session(path).typed)
+    _grow_until(engine, path, lambda: peek(near_plan) == len(near_plan),
+                len(near_plan) // engine.config.idle_chunk_tokens + 8)
+    text, cur = text[:cur] + "y" + text[cur:], cur + 1
+    out = key(text, cur)
+    assert out.context["prefix_tokens"] == len(near.prefix_tokens) and engine.session(path).anchor.base == anchor.inner
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.sampled_from(range(len(DOCS))), at=st.floats(0.6, 0.95), polls=st.integers(2, 5),
+       typed=st.text("abc_ (\n", min_size=1, max_size=4))
+def test_keystrokes_on_nearest_near_and_window_plans_answer_as_cold(wide, wide_reference, doc, at, polls, typed):
+    """Cold cursors deep in a file, growth interrupted by keystrokes (new lines too) as it goes
+    through the nearest, near and window plans: every answer equals its plan computed cold, and the
+    nearest window's plan is taken on the way."""
+    engine, text, path = wide, DOCS[doc], f"nearest-{doc}.py"
+    engine.forget(path)
+    engine.clear_slots()  # (an earlier example's slots hold the same text)
+    cur = text.index("\n", int(len(text) * at)) + 1
+    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=1))
+    innermost = engine.session(path).anchor.innermost
+    bases = []
+    for ch in (typed + "xyz_") * 12:
+        try:
+            engine.grow(path, _stop_after(polls))
+        except Cancelled:
+            pass
+        text, cur = text[:cur] + ch + text[cur:], cur + 1
+        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=3, heal=False,
+                                ignore_eog=True)
+        out = engine.complete(req)
+        cold = wide_reference.run(engine.plan(req).tokens, Options(max_tokens=3, ignore_eog=True), cold=True)
+        assert out.token_ids == cold.token_ids
+        bases.append(engine.session(path).anchor.base)
+    assert not innermost or innermost in bases, bases

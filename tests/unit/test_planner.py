@@ -336,6 +336,33 @@ def test_the_near_window_stays_put_for_dozens_of_lines_and_a_budget_starts_from_
     assert len(plan.prefix_tokens) - a.head + len(plan.suffix_tokens) <= 200
 
 
+def test_the_nearest_window_sits_in_the_near_window_stays_put_and_a_budget_starts_from_it():
+    """Inside the near window, the nearest window (a quarter of it) keeps its start while the cursor
+    moves a few lines; a budgeted re-anchor whose nearest window a slot holds (and not the near
+    window) starts its prefix there; once a slot holds the near plan, the budget starts from that."""
+    pl, s = make(n_ctx=4096, max_middle_tokens=64), FileSession()
+    lines = BIG.splitlines(keepends=True)  # 32 fake tokens a line
+    at = lambda n: sum(map(len, lines[:n]))
+    pl.plan(s, BIG, at(1000), "efim")
+    a = s.anchor
+    room = pl.space(8) // P.NEAR // P.NEAREST
+    assert a.inner < a.innermost and room // 2 <= len(a.full_prefix) - a.window - a.innermost <= room
+    nearest_at = a.window + a.innermost
+    for n in (1001, 1002, 1003, 999):
+        pl.plan(s, BIG, at(n), "efim")
+        assert s.anchor.window + s.anchor.innermost == nearest_at
+    nearest, near = pl.near_anchor(s.anchor, nearest=True), pl.near_anchor(s.anchor)
+    assert list(nearest.prefix_tokens) == list(s.anchor.full_prefix[nearest_at:])
+    assert len(nearest.suffix_tokens) <= len(nearest.prefix_tokens) // 3 + 1
+    budget = lambda slot: P.Budget(cached=lambda toks: common(toks, slot), new_for=lambda n: 40)
+    plan = pl.plan(s, BIG, at(1000), "efim", budget=budget(pl.stable_tokens("efim", nearest)))
+    b = s.anchor
+    assert b.reduced and b.base == b.innermost and b.head == len(nearest.prefix_tokens)
+    assert plan.prefix_tokens[:b.head] == nearest.prefix_tokens and len(plan.prefix_tokens) > b.head  # and line 999
+    pl.plan(s, BIG, at(1000), "efim", budget=budget(pl.stable_tokens("efim", near)))
+    assert s.anchor.base == s.anchor.inner and s.anchor.head == len(near.prefix_tokens)
+
+
 def test_a_small_slot_has_no_near_window():
     pl = make(n_ctx=512, max_middle_tokens=32, reserve_tokens=64)
     assert pl.space(64) // P.NEAR < P.MIN_NEAR
