@@ -90,6 +90,7 @@ def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | 
     if config:
         (tmp / "config.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
         env["EFIM_CONFIG"] = str(tmp / "config.toml")
+    model = Path(model).resolve() if Path(model).exists() else model  # (the daemon runs in ``tmp``)
     args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(sock), "--model", str(model), *extra]
     if os.environ.get("EFIM_BENCH_DAEMON_VERBOSE"):
         args.append("-v")
@@ -98,7 +99,9 @@ def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | 
     # EFIM_BENCH_DAEMON_LOG=FILE keeps the daemon's log (EFIM_BENCH_DAEMON_VERBOSE=1: with the engine's debug lines).
     log = os.environ.get("EFIM_BENCH_DAEMON_LOG")
     err = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the daemon's, for its lifetime
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    # Not in the caller's directory: ``-m`` puts it first on the path, and a checkout there would shadow
+    # the code the bench runs (PYTHONPATH=another/checkout efim bench ... ran the daemon of the first).
+    proc = subprocess.Popen(args, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 120
     while True:
         try:

@@ -36,3 +36,23 @@ def test_status_reports_a_custom_library(tiny_model):
     info = json.loads(out.stdout)
     assert info["library_source"] == f"LLAMA_CPP_LIB_PATH={libdir}"
     assert Path(info["library"]).parent == libdir and info["gpu_offload"] is False
+
+
+def test_the_bench_daemon_runs_the_bench_code_whatever_the_directory(tiny_model, tmp_path, monkeypatch):
+    """A checkout in the working directory never shadows the code the bench runs (``-m`` puts the
+    directory first on the path: ``PYTHONPATH=other/checkout efim bench`` ran the directory's daemon),
+    and a model path relative to it still loads."""
+    from efim_local.bench.util import spawn_daemon
+    from efim_local.daemon.client import Client
+
+    (tmp_path / "efim_local").mkdir()
+    (tmp_path / "efim_local" / "__init__.py").write_text("raise SystemExit('the checkout here was imported')\n")
+    (tmp_path / "m.gguf").symlink_to(tiny_model)
+    monkeypatch.chdir(tmp_path)
+    proc, sock = spawn_daemon(Path("m.gguf"), None, "--n-ctx", "1024")
+    try:
+        with Client(sock, timeout=60) as client:
+            assert client.call("complete", {"path": "/a.py", "text": "x = 1\n", "offset": 6, "max_tokens": 2})["text"] is not None
+    finally:
+        proc.terminate()
+        proc.wait(30)
