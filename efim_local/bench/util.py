@@ -87,6 +87,8 @@ def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | 
     tmp = Path(tempfile.mkdtemp(prefix="efim-bench-"))
     sock = tmp / "run" / "efim.sock"
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+    if env.get("PYTHONPATH"):  # made absolute: the daemon runs in ``tmp``
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in env["PYTHONPATH"].split(os.pathsep) if p)
     if config:
         (tmp / "config.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
         env["EFIM_CONFIG"] = str(tmp / "config.toml")

@@ -147,8 +147,9 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
     near = near_plan(engine, planner, path, full, partial)
     if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
         nearest = nearest_plan(engine, planner, full, partial, near)
-        if nearest is not None:  # and before it the nearest window's: under a second
-            yield from staged_steps(engine, planner, session, nearest, ro, len(partial.suffix_tokens), leave=True)
+        if nearest is not None:  # and before it the nearest window's: under a second (too small for stages,
+            # each of which would take a slot of its own)
+            yield from staged_steps(engine, planner, session, nearest, ro, 0, leave=True)
         grown = yield from staged_steps(engine, planner, session, near, ro, len(partial.suffix_tokens), leave=True)
         # Then the window grows at least as long before another near plan starts (a cursor that
         # jumps every few seconds would otherwise spend all growth on near plans, never the window).

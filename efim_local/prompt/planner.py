@@ -273,6 +273,8 @@ class Planner:
         last = lambda at: at - start if at is not None and same else None
         inner = near_start(len(prefix), near_room, last(frame.near_at))
         innermost = near_start(len(prefix), near_room // NEAREST, last(frame.nearest_at)) if inner else 0
+        if 0 < innermost <= inner:  # (kept where the near window starts anew: placed anew too)
+            innermost = near_start(len(prefix), near_room // NEAREST, None)
         innermost = innermost if innermost > inner else 0
         reduced, head, held, base = False, 0, 0, 0
         at = (0, inner, innermost)[near]
@@ -285,15 +287,19 @@ class Planner:
             fits = self._fits(budget, head + held, n_middle)
             if fits < min(space, len(prefix) + len(suffix)):
                 limit, reduced = fits, True
-                # or of the near or nearest window, nearer the cursor: the one that holds most of the near window
-                best = held_after(inner, len(prefix), len(suffix), fits, head) if inner else 0
-                for b in (inner, innermost) if budget.cached is not None else ():
+                # or of the near or nearest window, nearer the cursor: the one that holds most of the
+                # nearest window's lines, then of the near window's (a near plan grown part of the way
+                # holds more of those, with a gap before the lines nearest the cursor)
+                ats = [at for at in (innermost, inner) if at]
+                score = lambda b, h, lim: [held_after(max(0, at - b), len(prefix) - b, len(suffix), lim, h)
+                                           for at in ats]
+                best = score(0, head, fits)
+                for b in (inner, innermost) if inner and budget.cached is not None else ():
                     if not b:
                         continue
                     h, s = self._cached(prefix[b:], suffix, budget.cached, space)
                     near_fits = min(space, self._fits(budget, h + s, n_middle))
-                    got = held_after(max(0, inner - b), len(prefix) - b, len(suffix), near_fits, h)
-                    if h and got > best:
+                    if h and (got := score(b, h, near_fits)) > best:
                         best, base, head, held, limit = got, b, h, s, near_fits
             else:
                 head = 0

@@ -33,8 +33,8 @@ class Anchor:
     prefix_trimmed: int = 0  # tokens dropped from the prefix's start
     suffix_trimmed: int = 0  # tokens dropped from the suffix's end
     reduced: bool = False  # trimmed to fit a latency budget (idle time grows it back)
-    head: int = 0  # reduced: prefix tokens kept from the top of the window, or of its near window (``base``;
-    # cached), before the dropped gap
+    head: int = 0  # reduced: prefix tokens kept from the top of the window, or of its near or nearest window
+    # (``base``; cached), before the dropped gap
     full_prefix: tuple[int, ...] = ()  # the untrimmed pieces, so a budget or growth never re-tokenizes
     full_suffix: tuple[int, ...] = ()
     window: int = 0  # files bigger than a slot: the prefix starts at this token of its text (aligned, sticky)
@@ -89,7 +89,8 @@ class Plan:
     suffix_trimmed: int = 0
     reduced: bool = False  # trimmed to fit a latency budget
     full_context: int = 0  # prefix and suffix tokens the plan would have without a latency budget
-    head: int = 0  # reduced: prefix tokens kept from the top of the window or near window (cached), before the gap
+    head: int = 0  # reduced: prefix tokens kept from the top of the window, near or nearest window (cached),
+    # before the gap
     gap: int = 0  # reduced: prefix tokens dropped between the head and the tail nearest the cursor
     closers: str = ""  # auto-paired closers right after the cursor that the (kept) suffix lacks
     cut: tuple[int, int] = (0, 0)  # characters left untokenized at the prefix's start and the suffix's end

@@ -40,19 +40,23 @@ def test_status_reports_a_custom_library(tiny_model):
 
 def test_the_bench_daemon_runs_the_bench_code_whatever_the_directory(tiny_model, tmp_path, monkeypatch):
     """A checkout in the working directory never shadows the code the bench runs (``-m`` puts the
-    directory first on the path: ``PYTHONPATH=other/checkout efim bench`` ran the directory's daemon),
-    and a model path relative to it still loads."""
+    directory first on the path: ``PYTHONPATH=other/checkout efim bench`` ran the directory's daemon);
+    a PYTHONPATH and a model path relative to it still reach the daemon."""
     from efim_local.bench.util import spawn_daemon
     from efim_local.daemon.client import Client
 
     (tmp_path / "efim_local").mkdir()
     (tmp_path / "efim_local" / "__init__.py").write_text("raise SystemExit('the checkout here was imported')\n")
     (tmp_path / "m.gguf").symlink_to(tiny_model)
+    (tmp_path / "lib").mkdir()  # imported at start-up from the path: it shows the relative entry got there
+    (tmp_path / "lib" / "sitecustomize.py").write_text(f"open({str(tmp_path / 'seen')!r}, 'w').close()\n")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "lib")
     proc, sock = spawn_daemon(Path("m.gguf"), None, "--n-ctx", "1024")
     try:
         with Client(sock, timeout=60) as client:
             assert client.call("complete", {"path": "/a.py", "text": "x = 1\n", "offset": 6, "max_tokens": 2})["text"] is not None
+        assert (tmp_path / "seen").exists()
     finally:
         proc.terminate()
         proc.wait(30)

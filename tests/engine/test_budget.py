@@ -582,7 +582,7 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
 @pytest.fixture(scope="module")
 def wide(tiny_model):
     """An engine with the daemon's default slot (4,096 tokens): its near window has a nearest window."""
-    with Engine(small_config(n_ctx_seq=4096, idle_chunk_tokens=32), tiny_model) as e:
+    with Engine(small_config(n_ctx_seq=4096, n_slots=4, idle_chunk_tokens=32), tiny_model) as e:
         e.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
         yield e
 
@@ -595,8 +595,8 @@ def wide_reference(tiny_model):
 
 def test_a_cold_cursor_grows_its_nearest_window_before_its_near_window(wide, wide_reference):
     """A cold cursor deep in a file: growth computes the plan of the nearest window (a quarter of the
-    near window) first, a keystroke takes it, then the near plan, which the next keystroke takes;
-    every answer equals its plan computed cold."""
+    near window) first, then the near plan; a keystroke while the near plan is part of the way takes
+    the nearest plan, the next one after it the near plan; every answer equals its plan computed cold."""
     from efim_local.engine import background
 
     engine, text, path = wide, DOCS[1], "nearest.py"
@@ -617,7 +617,14 @@ def test_a_cold_cursor_grows_its_nearest_window_before_its_near_window(wide, wid
     _grow_until(engine, path, lambda: peek(nearest_plan) == len(nearest_plan),
                 len(nearest_plan) // engine.config.idle_chunk_tokens + 8)
     assert peek(nearest_plan) == len(nearest_plan)
-    assert peek(near_plan) <= len(pl.head_tokens(())) + background.BEGUN  # the near plan waits
+    lead = len(pl.head_tokens(()))
+    assert peek(near_plan) <= lead + background.BEGUN  # the near plan waits
+    head = list(nearest_plan[:lead + 16])
+    assert sum(list(s.tokens[:lead + 16]) == head for s in engine.reuse.slots.slots) == 1  # one slot, no stages
+    # The near plan grows (the nearest stays in its slot) until it holds more than the nearest window.
+    _grow_until(engine, path, lambda: peek(near_plan) > lead + len(nearest.prefix_tokens) + 60, 40)
+    assert lead + len(nearest.prefix_tokens) + 60 < peek(near_plan) < lead + len(near.prefix_tokens)
+    assert peek(nearest_plan) == len(nearest_plan)
 
     def key(text, cur):
         req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=4)
@@ -630,8 +637,6 @@ def test_a_cold_cursor_grows_its_nearest_window_before_its_near_window(wide, wid
     out = key(text, cur)
     assert out.reanchor == "grown" and out.context["prefix_tokens"] == len(nearest.prefix_tokens)
     assert engine.session(path).anchor.base == anchor.innermost
-    # Growth goes on with the near plan (the nearest one, taken, is not computed again).
-    assert background.nearest_plan(engine, pl, full, engine.session(path).anchor, near) is None
     near_plan = pl.stable_tokens("efim", near, engine.session(path).typed)
     _grow_until(engine, path, lambda: peek(near_plan) == len(near_plan),
                 len(near_plan) // engine.config.idle_chunk_tokens + 8)

@@ -359,7 +359,15 @@ def test_the_nearest_window_sits_in_the_near_window_stays_put_and_a_budget_start
     b = s.anchor
     assert b.reduced and b.base == b.innermost and b.head == len(nearest.prefix_tokens)
     assert plan.prefix_tokens[:b.head] == nearest.prefix_tokens and len(plan.prefix_tokens) > b.head  # and line 999
-    pl.plan(s, BIG, at(1000), "efim", budget=budget(pl.stable_tokens("efim", near)))
+    # A near plan grown part of the way (a head, then the budget's tail after a gap) holds more of the
+    # near window, but the nearest plan holds the lines nearest the cursor whole: it is taken.
+    near_plan, nearest_plan = pl.stable_tokens("efim", near), pl.stable_tokens("efim", nearest)
+    lead = len(pl.head_tokens(()))
+    for grown in (100, 200, len(near.prefix_tokens) - len(nearest.prefix_tokens) - 10):
+        both = lambda toks, grown=grown: max(common(toks, near_plan[:lead + grown]), common(toks, nearest_plan))
+        pl.plan(s, BIG, at(1000), "efim", budget=P.Budget(cached=both, new_for=lambda n: 40))
+        assert s.anchor.base == s.anchor.innermost and s.anchor.head == len(nearest.prefix_tokens), grown
+    pl.plan(s, BIG, at(1000), "efim", budget=budget(near_plan))
     assert s.anchor.base == s.anchor.inner and s.anchor.head == len(near.prefix_tokens)
 
 
