@@ -107,6 +107,18 @@ def _grow_until(engine, path: str, done, chunks: int) -> None:
             pass
 
 
+def _key_after_growth(engine, path: str, text: str, cur: int, ch: str, polls: int, budget_ms: float, n: int):
+    """Grow ``path`` a chunk or a few (until a keystroke arrives), then type ``ch`` at ``cur`` and ask
+    for ``n`` tokens within ``budget_ms``: (the answer, its request)."""
+    try:
+        engine.grow(path, _stop_after(polls))
+    except Cancelled:
+        pass
+    req = CompletionRequest(text[:cur] + ch + text[cur:], cur + 1, path=path, layout="efim", max_prompt_ms=budget_ms,
+                            max_tokens=n, heal=False, ignore_eog=True)
+    return engine.complete(req), req
+
+
 def _stop_after(polls: int):
     """A should_stop that says stop at its ``polls``-th call."""
     calls = {"n": 0}
@@ -258,14 +270,8 @@ def test_keystrokes_take_the_growth_as_it_goes_exactly(engine, reference, doc, a
     engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
     reasons, contexts = [], []
     for ch in (typed + "xyz_") * 40:
-        try:
-            engine.grow(path, _stop_after(polls))  # a chunk or a few, then a keystroke arrives
-        except Cancelled:
-            pass
-        text, cur = text[:cur] + ch + text[cur:], cur + 1
-        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=4, heal=False,
-                                ignore_eog=True)
-        out = engine.complete(req)
+        out, req = _key_after_growth(engine, path, text, cur, ch, polls, 100, 4)
+        text, cur = req.text, req.cursor
         if out.reanchor == "grown" or not out.context["reduced"]:  # (a kept plan: the tests above)
             cold = reference.run(used[-1].tokens, Options(max_tokens=4, ignore_eog=True), cold=True)
             assert out.token_ids == cold.token_ids
@@ -661,14 +667,8 @@ def test_keystrokes_on_nearest_near_and_window_plans_answer_as_cold(wide, wide_r
     innermost = engine.session(path).anchor.innermost
     bases = []
     for ch in (typed + "xyz_") * 12:
-        try:
-            engine.grow(path, _stop_after(polls))
-        except Cancelled:
-            pass
-        text, cur = text[:cur] + ch + text[cur:], cur + 1
-        req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=3, heal=False,
-                                ignore_eog=True)
-        out = engine.complete(req)
+        out, req = _key_after_growth(engine, path, text, cur, ch, polls, 40, 3)
+        text, cur = req.text, req.cursor
         cold = wide_reference.run(engine.plan(req).tokens, Options(max_tokens=3, ignore_eog=True), cold=True)
         assert out.token_ids == cold.token_ids
         bases.append(engine.session(path).anchor.base)
