@@ -248,9 +248,9 @@ class Planner:
         at the prefix's start and the suffix's end, cut the prefix to its window (a file bigger than
         a slot; ``frame``: where the last anchor's cut, window and near window were), trim them to the
         context, and to the latency budget if one is given (see plan()). A budgeted plan starts at
-        the near (or nearest) window when what the slots hold there gives it more of the near window's
-        lines than a plan from the window's cached head has. ``near``: the near plan (1) or the
-        nearest (2) (see near_anchor())."""
+        the near or nearest window when what the slots hold there gives it more of the nearest
+        window's lines, then of the near window's, than a plan from the window's cached head has.
+        ``near``: the near plan (1) or the nearest (2) (see near_anchor())."""
         prefix_text, suffix_text = texts
         cut = frame.cut
         if tokens:
@@ -294,9 +294,7 @@ class Planner:
                 score = lambda b, h, lim: [held_after(max(0, at - b), len(prefix) - b, len(suffix), lim, h)
                                            for at in ats]
                 best = score(0, head, fits)
-                for b in (inner, innermost) if inner and budget.cached is not None else ():
-                    if not b:
-                        continue
+                for b in ats if budget.cached is not None else ():
                     h, s = self._cached(prefix[b:], suffix, budget.cached, space)
                     near_fits = min(space, self._fits(budget, h + s, n_middle))
                     if h and (got := score(b, h, near_fits)) > best:
