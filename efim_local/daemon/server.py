@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..engine import Engine, background
+from ..engine import Engine, background, tokenizing
 from ..errors import AlreadyRunning, Busy, ConfigError, DaemonError
 from . import paths, test_hooks
 from .dispatch import Dispatcher
@@ -244,7 +244,7 @@ class Server:
         if self.worker is not None and self.worker.is_alive():
             self.worker.stop()
             self.worker.join(timeout=60)
-        background.drain()  # a tokenize call idle work left running reads the model, freed next
+        tokenizing.drain()  # a tokenize call idle work left running reads the model, freed next
         if self.sock is not None:
             self.sock.close()
             self.sock = None

@@ -4,35 +4,19 @@
   a request's generation: :class:`Alongside`);
 - the **cursor and open prefill** computes the plan a request at a cursor will make;
 - **calibration** measures the prefill speed the budget needs and builds the healer's index;
-- the **interruptible tokenizer** lets idle work tokenize a large document without making a request
-  wait.
+- the **interruptible tokenizer** (``tokenizing.py``) lets idle work tokenize a large document without
+  making a request wait.
 
 Each task is a generator of steps (one prefill chunk each) that the scheduler runs when no request
 waits, and closes (Cancelled) when one comes; it never calls into a request.
-
-Interruptible tokenizing: llama_tokenize is one C call: on a large document it can take seconds (a
-SentencePiece vocabulary is superlinear: 1 MiB took 12 s with gemma-3's), and idle work that
-tokenizes could not yield to a request meanwhile. Here the call runs on a helper thread (at the
-lowest CPU priority, so it never slows a request's decode) while the engine thread polls
-``should_stop``: when a request comes, the engine thread raises Cancelled at once and the call goes
-on in the background. Its result is kept: the idle task, run again later, finds its tokens there
-instead of starting over, so an interrupted prefill still makes progress. At most one such call runs
-at a time. Tokenizing reads only the vocabulary, which llama.cpp allows concurrently with decoding
-(llama-server does the same). Whoever frees the model first calls ``drain()``.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections import deque
-from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import replace
-from typing import Callable
-
 import logging
 import time
+from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
@@ -41,80 +25,7 @@ from ..request import CompletionRequest, Options
 from ..prompt.windows import text_end
 from .decode import SHOWN, drive
 from .run import PROBE, RunOptions, complete_steps, run_steps, stage_ends
-
-SMALL = 16 << 10  # characters tokenized inline: milliseconds, not worth a thread
-POLL = 0.005  # seconds between should_stop() polls
-KEEP = 2  # results kept (a plan tokenizes a prefix and a suffix)
-
-_lock = threading.Lock()
-_running: threading.Thread | None = None  # the last helper thread (it may outlive its caller)
-_done: deque = deque(maxlen=KEEP)  # (tokenize, text, args, kw, tokens) of finished calls
-
-
-def interruptible(tokenize, should_stop):
-    """``tokenize`` with the same arguments and result, run as described above."""
-
-    def run(text, *args, **kw):
-        global _running
-        if len(text) <= SMALL or should_stop is None:
-            return tokenize(text, *args, **kw)
-        while True:
-            with _lock:
-                hit = next((d[4] for d in _done if d[0] == tokenize and d[2:4] == (args, kw) and d[1] == text), None)
-                busy = _running is not None and _running.is_alive()
-            if hit is not None:
-                return list(hit)
-            if not busy:
-                break
-            _running.join(POLL)  # an earlier call still runs: maybe it is this very text
-            if should_stop():
-                raise Cancelled()
-        fut: Future = Future()
-
-        def work():
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            except (OSError, AttributeError):
-                pass
-            try:
-                tokens = tokenize(text, *args, **kw)
-            except BaseException as e:  # noqa: BLE001 - handed to the waiting engine thread
-                fut.set_exception(e)
-                return
-            with _lock:
-                _done.append((tokenize, text, args, kw, tokens))
-            fut.set_result(tokens)
-
-        _running = threading.Thread(target=work, name="efim-tokenize", daemon=True)
-        _running.start()
-        while True:
-            try:
-                return list(fut.result(POLL))
-            except TimeoutError:
-                if should_stop():
-                    raise Cancelled() from None
-
-    return run
-
-
-def drain(timeout: float | None = None) -> None:
-    """Wait for a call still running in the background. Call it before the model is freed: the
-    call reads the model's vocabulary."""
-    t = _running
-    if t is not None:
-        t.join(timeout)
-
-
-@contextmanager
-def interruptible_planning(planner, should_stop):
-    """Within the block, ``planner`` tokenizes interruptibly (idle work only: the engine thread)."""
-    plain = planner.tokenize
-    planner.tokenize = interruptible(plain, should_stop)
-    try:
-        yield
-    finally:
-        planner.tokenize = plain
-
+from .tokenizing import interruptible_planning
 
 log = logging.getLogger("efim.engine")
 
@@ -192,6 +103,12 @@ STALE = 8  # typed tokens a passed stage may lack before growth brings it up to 
 NEAR_MAX_MS = 5000
 
 
+def held(engine, tokens) -> int:
+    """How many of ``tokens`` a live slot holds, a busy one too: a request running there keeps its
+    prompt's KV, so growth riding along it must not compute that plan again in another slot."""
+    return engine.reuse.peek(np.asarray(tokens, dtype=np.int32), busy_ok=True)
+
+
 def near_plan(engine, planner, path: str, full, partial):
     """The near plan growth computes before ``full`` (planner.near_anchor), or None: when the file's
     window has no near window, the reduced plan ``partial`` already holds the lines it would add, the
@@ -206,7 +123,7 @@ def near_plan(engine, planner, path: str, full, partial):
             or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)
             or (partial.base == 0 and partial.head >= HEAD_OVER_NEAR * len(near.prefix_tokens))):
         return None
-    peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
+    peek = lambda toks: held(engine, toks)
     stable = planner.stable_tokens("efim", near)
     have = peek(stable)
     if have >= len(stable) or not engine.speed.known or engine.speed.predict_ms(len(stable) - have, have) > NEAR_MAX_MS:
@@ -228,7 +145,7 @@ def nearest_plan(engine, planner, full, partial, near):
     if nearest is None or partial.base == nearest.base or len(partial.prefix_tokens) - partial.head >= len(
             nearest.prefix_tokens):
         return None
-    peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
+    peek = lambda toks: held(engine, toks)
     if peek(planner.stable_tokens("efim", near)) > len(planner.head_tokens(())) + BEGUN:
         return None
     stable = planner.stable_tokens("efim", nearest)
@@ -244,9 +161,9 @@ def stages(engine, planner, session, full, tokens, first: int = 0) -> list[tuple
     if session.layout != "efim" or engine.remote is not None:  # (replicas: the whole plan at once)
         return []
     typed = tokens[len(planner.stable_tokens("efim", full)):]
-    # A slot a request runs in counts: growth riding along that request must not compute its plan
-    # again in another slot (it would cut the stage ahead there, and the next idle step would redo it).
-    peek = lambda toks: engine.reuse.peek(np.asarray(toks, dtype=np.int32), busy_ok=True)
+    # (A slot a request runs in counts: computing its plan again elsewhere would cut the stage ahead
+    # there, and the next idle step would redo it.)
+    peek = lambda toks: held(engine, toks)
     frontier = peek(tokens)
     ends = stage_ends(planner, full, first)
     passed = [e for e in ends if e <= frontier]

@@ -22,7 +22,7 @@ from ..llama import Batch, Context, Model
 from ..prompt import templates
 from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, near_share
 from ..request import CompletionRequest, Options
-from . import background
+from . import background, tokenizing
 from .completion import Completion
 from .cpu import FreeCores
 from .decode import Decoder, drive
@@ -75,7 +75,7 @@ class Engine:
         with ExitStack() as stack:
             self.model = stack.enter_context(
                 Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu))
-            stack.callback(background.drain)  # a tokenize call idle work left running reads the model
+            stack.callback(tokenizing.drain)  # a tokenize call idle work left running reads the model
             self.template, self.planner = make_planner(self.model, config)
             self.sparse = None
             if config.sparse_budget > 0:

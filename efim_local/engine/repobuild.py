@@ -19,7 +19,8 @@ import numpy as np
 from ..errors import Cancelled, EfimError
 from ..prompt.planner import REPO_CONTEXT
 from ..request import Options
-from .background import interruptible_planning, top_steps
+from .background import top_steps
+from .tokenizing import interruptible_planning
 from .repoctx import RepoLeads
 from .run import RunOptions, run_steps
 

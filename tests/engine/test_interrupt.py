@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from efim_local.engine import background as interrupt
+from efim_local.engine import tokenizing as interrupt
 from efim_local.errors import Cancelled
 
 BIG = ("value = compute(1, 2)\n" * 50_000)[:1_000_000]  # about 1 s of tokenizing for the tiny model
