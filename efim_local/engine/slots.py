@@ -62,15 +62,18 @@ class SlotManager:
             # than a reuse's worth (idle work cut it to a marker: it is the most recently used, and
             # taking the least recently used instead evicted the plan growth had just finished), then
             # the least recently used.
-            n, slot = min(scored, key=lambda x: (path is None or x[1].path != path,
-                                                 len(x[1].tokens) >= self.min_reuse, x[1].last_used))
+            n, slot = min(scored, key=lambda x: (path is None or x[1].path != path, *self._loss(x[1])))
         return slot, n
 
     def spare(self, exclude: int) -> Slot | None:
         """A slot other than ``exclude`` that holds less than a reuse's worth, else the least recently
         used other one (as ``pick``)."""
         others = [s for s in self.free() if s.seq != exclude]
-        return min(others, key=lambda s: (len(s.tokens) >= self.min_reuse, s.last_used)) if others else None
+        return min(others, key=self._loss) if others else None
+
+    def _loss(self, slot: Slot) -> tuple[bool, float]:
+        """What taking ``slot`` loses, least first: less than a reuse's worth, then the least recently used."""
+        return len(slot.tokens) >= self.min_reuse, slot.last_used
 
     def lru(self, exclude: set[int]) -> Slot | None:
         cands = [s for s in self.free() if s.seq not in exclude and len(s.tokens)]
