@@ -105,11 +105,15 @@ class Texts:
     def close(self) -> None:
         self.model.close()
 
-    def counts_full(self, doc: str, cursor: int) -> tuple[int, int]:
-        """(left, right) tokens of the unbudgeted plan at ``cursor``, anchored at its line."""
+    def counts_full(self, doc: str, cursor: int, lead: int = 0) -> tuple[int, int]:
+        """(left, right) tokens of the unbudgeted plan at ``cursor``, anchored at its line; ``lead``:
+        tokens of repository context before the file, which take that much of the slot."""
+        from dataclasses import replace
+
         from ..prompt.planner import FileSession
 
-        plan = self.planner.plan(FileSession(layout="efim"), doc, cursor, "efim", reserve=self.reserve)
+        planner = replace(self.planner, limits=replace(self.planner.limits, n_ctx=self.planner.limits.n_ctx - lead))
+        plan = planner.plan(FileSession(layout="efim"), doc, cursor, "efim", reserve=self.reserve)
         return len(plan.prefix_tokens) + len(plan.middle_tokens), len(plan.suffix_tokens)
 
     def texts(self, doc: str, cursor: int, left: int, right: int, head: int = 0, gap: int = 0) -> tuple[str, str]:
