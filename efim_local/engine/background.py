@@ -194,8 +194,9 @@ class Alongside:
     def step(self) -> None:
         """One growth chunk, if it is due (the engine thread, between two of the request's steps)."""
         t = time.perf_counter()
-        if not self.on or t < self.next_at or t >= self.window or not reduced(self.engine, self.path):
-            return
+        if (not self.on or t < self.next_at or t >= self.window or not self.engine.slots.free()
+                or not reduced(self.engine, self.path)):
+            return  # (no slot without a request in it: nowhere to grow)
         if self.yield_to is not None and self.yield_to():
             return
         deadline = t + riding_s(self.engine)

@@ -203,15 +203,12 @@ class Scheduler:
                 save = self._wait()
                 if self.calls:
                     work = ("call", self.calls.popleft())
-                elif self.waiting:
-                    # A superseded request ends first: its slot and its trail are the next one's.
-                    doomed = next((t for t in self.running if t.cancelled.is_set()), None)
-                    if doomed is not None:
-                        work = ("step", doomed)
-                    else:
-                        work = ("start", self.waiting.popleft())
-                        self.running.insert(0, work[1])
-                elif self.running:
+                elif self.waiting and (doomed := next((t for t in self.running if t.cancelled.is_set()), None)):
+                    work = ("step", doomed)  # a superseded request ends first: its slot and trail are the next one's
+                elif self.waiting and not self._full():
+                    work = ("start", self.waiting.popleft())
+                    self.running.insert(0, work[1])
+                elif self.running:  # (a request waiting for a slot starts when one of these ends)
                     work = ("step", self.running[0])
                 elif self.stopping:
                     self._close_background()
@@ -240,6 +237,11 @@ class Scheduler:
                 self._spend("save", t)
             else:
                 self._background_step()
+
+    def _full(self) -> bool:
+        """Whether every slot has a request running in it (a remote-only engine has none: no limit)."""
+        n = len(self.engine.slots.slots)
+        return 0 < n <= len(self.running)
 
     def _wait(self) -> bool:
         """Wait (holding the lock) until there is work; True when it is time to save."""

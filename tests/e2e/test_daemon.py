@@ -151,6 +151,40 @@ def test_concurrent_clients(daemon):
     assert errors == busy and len(done) + len(busy) == 32 and len(done) >= 16
 
 
+def test_more_files_at_once_than_slots(tmp_path, tiny_model):
+    """Eight files completed at once on four slots (the default; the queue holds 16): the requests beyond
+    the slots wait for one, and every one gets its answer (it was "internal error: max() arg is an empty
+    sequence")."""
+    daemon = Daemon(tmp_path, tiny_model).start()
+    try:
+        _many_at_once(daemon)
+    finally:
+        daemon.stop()
+
+
+def _many_at_once(daemon):
+    with daemon.client() as c:
+        slots = c.call("status", {})["n_slots"]
+    go, outs, errors = threading.Barrier(2 * slots), [], []
+
+    def client(i):
+        try:
+            with daemon.client() as c:
+                go.wait(30)
+                outs.append(complete(c, path=f"many{i}.py", offset=2000 + 50 * i, max_tokens=32))
+        except Exception as e:  # noqa: BLE001 - collected for the assert
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2 * slots)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [] and len(outs) == 2 * slots
+    with daemon.client() as c:
+        assert c.call("status", {})["errors"] == 0
+
+
 def test_supersede_and_cancel(daemon):
     with daemon.client() as c:
         for rid in (1, 2):  # two requests for the same document, back to back

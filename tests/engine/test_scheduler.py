@@ -247,3 +247,24 @@ def test_a_request_stops_a_background_prompt_batch_inside_it(scheduler, engine, 
     out = engine.complete(again)
     assert out.tokens.evaluated <= 2  # the task went on after the request and finished the plan
     cold(reference, engine, again, out)
+
+
+def test_more_requests_than_slots_wait_for_a_slot(scheduler, engine, reference):
+    """Five files at once on three slots: the fourth and fifth wait in the queue until a running request
+    ends (its slot is free again), rather than failing; every answer equals its plan computed cold."""
+    rec = Recorder()
+    n = len(engine.slots.slots) + 2
+    reqs = {f"R{i}": request(i % len(sources()), 800 + 40 * i, 16) for i in range(n)}
+    reqs = {k: CompletionRequest(r.text, r.cursor, path=f"many-{k}.py", layout="efim", max_tokens=16, ignore_eog=True)
+            for k, r in reqs.items()}
+    for name, req in reqs.items():
+        scheduler.submit(rec.task(name, req))
+    rec.wait(*reqs)
+    for name, req in reqs.items():
+        out, err = rec.results[name]
+        assert err is None, f"{name}: {err!r}"
+        cold(reference, engine, req, out)
+    # the last two started only after a running one had ended: none of their text came before a "done"
+    first_done = min(rec.events.index((k, "done")) for k in reqs)
+    assert all((k, "text") not in rec.events[:first_done] for k in list(reqs)[-2:])
+    assert not engine.slots.busy
