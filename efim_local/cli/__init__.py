@@ -49,7 +49,33 @@ def emit(obj, as_json: bool, text: str | None = None) -> None:
         click.echo(text if text is not None else obj, nl=False if text is not None else True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+class Efim(click.Group):
+    """The ``efim`` group: click's usage errors as one line (exit 2) and Ctrl-C as exit 130, never
+    click's several-line usage block or "Aborted!"."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:  # a caller that handles click's exceptions itself
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NO_ARGS as e:  # a group without its command: its help, as click shows it
+            e.show()
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            fail(e.format_message() + where, 2)
+        except click.ClickException as e:
+            fail(e.format_message(), e.exit_code)
+        except click.Abort:
+            click.echo(err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=Efim, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", package_name="efim-local")  # given: no importlib.metadata
 def main():
     """efim: fast local code completion with EFIM prompts and KV cache reuse.

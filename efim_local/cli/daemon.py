@@ -15,7 +15,7 @@ from . import build_config, config_mod, emit, main, model_options, pairs, tier_u
 @main.command()
 @click.option("--socket", "sock", type=click.Path(), help="Socket path (default: $EFIM_SOCKET, else "
               "$XDG_RUNTIME_DIR/efim/efim.sock, else ~/.cache/efim/run/efim.sock).")
-@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False),
+@click.option("--watch", "roots", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Workspace root to watch (repeatable).")
 @click.option("--queue-size", type=click.IntRange(1, 1024), default=16, show_default=True,
               help="Requests that may wait; more are answered 'busy'.")
@@ -86,7 +86,7 @@ def daemon():
 
 @daemon.command("start")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for it to answer.")
-@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False),
+@click.option("--watch", "roots", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Workspace root to watch (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages too.")
 @model_options
@@ -221,7 +221,7 @@ def sources_text(src: dict) -> str:
 
 @daemon.command("restart")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for it to answer.")
-@click.option("--watch", "roots", multiple=True, type=click.Path(file_okay=False),
+@click.option("--watch", "roots", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Workspace root to watch (repeatable), besides those the running daemon watches.")
 @model_options
 @user_errors

@@ -75,6 +75,21 @@ def test_bad_input_is_one_line_and_exit_2(src, tmp_path, tiny_model, tiny_model_
     assert err.count("\n") == 1 and err.startswith("efim: error:") and message in err, err
 
 
+@pytest.mark.parametrize("args,message", [
+    (["complete"], "Missing argument 'PATH'"),
+    (["complete", "x.py", "-l", "1", "-c", "0"], "'--column'"),
+    (["complete", "--bogus"], "No such option '--bogus'"),
+    (["serve", "--watch", "/nonexistent-efim-dir"], "'/nonexistent-efim-dir' does not exist"),
+    (["nosuch"], "No such command 'nosuch'"),
+])
+def test_usage_errors_are_one_line_and_exit_2(args, message):
+    """click's own usage errors too: one line that says where the help is, not its usage block."""
+    r = efim_cli(*args)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1 and err.startswith("efim: error:") and message in err, err
+    assert "--help" in err and not r.stdout
+
+
 def test_text_template_for_model_without_fim_tokens(src, tiny_model_nofim):
     r = efim_cli("complete", str(src), "-l", "2", "-c", "5", "--model", str(tiny_model_nofim),
                  "--fim-template", "<PRE>,<SUF>,<MID>", "--json", "--max-tokens", "4")
