@@ -61,6 +61,7 @@ def test_model_from_env(src, tiny_model):
     (["{src}", "-l", "1", "-c", "1", "--fim-family", "nosuch"], "unknown FIM family"),
     (["{src}", "-l", "1", "-c", "1", "--fim-family", "deepseek"], "no deepseek FIM tokens"),
     (["{src}", "-l", "1", "-c", "1", "--fim-template", "onlyone"], "a text template is"),
+    (["{src}", "-l", "1", "-c", "1", "--max-tokens", "4090"], "ask for fewer (max_tokens)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(src, tmp_path, tiny_model, tiny_model_nofim, args, message):
     binf = tmp_path / "bin.py"

@@ -187,7 +187,7 @@ def test_bad_requests():
         pl.plan(FileSession(), "abc", -1)
     with pytest.raises(PlanError, match="unknown layout"):
         pl.plan(FileSession(), "abc", 1, "xyz")
-    with pytest.raises(PlanError, match="too small"):
+    with pytest.raises(PlanError, match="has no room for a prompt"):
         make(n_ctx=64, reserve_tokens=60).plan(FileSession(), "abc", 1)
 
 
