@@ -19,6 +19,9 @@ except (OSError, RuntimeError) as _e:  # a missing or broken libllama: one line,
 
 log = logging.getLogger("efim.llama")
 log.setLevel(logging.ERROR)  # llama.cpp is chatty; lower this to debug it
+# Its errors go where the process's logging goes (the daemon's log), never to a bare stderr: a
+# command that fails says so in one line of its own (a corrupt GGUF printed three of llama.cpp's).
+log.addHandler(logging.NullHandler())
 _lock = threading.Lock()
 _ready = False
 

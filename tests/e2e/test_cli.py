@@ -62,11 +62,14 @@ def test_model_from_env(src, tiny_model):
     (["{src}", "-l", "1", "-c", "1", "--fim-family", "deepseek"], "no deepseek FIM tokens"),
     (["{src}", "-l", "1", "-c", "1", "--fim-template", "onlyone"], "a text template is"),
     (["{src}", "-l", "1", "-c", "1", "--max-tokens", "4090"], "ask for fewer (max_tokens)"),
+    (["{src}", "-l", "1", "-c", "1", "--model", "{trunc}"], "could not load"),
 ])
 def test_bad_input_is_one_line_and_exit_2(src, tmp_path, tiny_model, tiny_model_nofim, args, message):
     binf = tmp_path / "bin.py"
     binf.write_bytes(b"x = '\xff\xfe'\n")
-    fill = {"src": str(src), "bin": str(binf), "nofim": str(tiny_model_nofim)}
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(b"GGUF\x03\x00\x00\x00\x10\x00")  # a GGUF cut short: llama.cpp itself refuses it
+    fill = {"src": str(src), "bin": str(binf), "nofim": str(tiny_model_nofim), "trunc": str(trunc)}
     args = [a.format(**fill) for a in args]
     if "--model" not in args:
         args += ["--model", str(tiny_model)]
