@@ -90,6 +90,7 @@ def models_pull(name, use_it, as_json):
         click.echo(f"model set in {info['config']}")
         for c in info["changes"]:
             click.echo(f"  {c}")
+        _daemon_keeps_its_model()
     else:
         click.echo(f"use it: efim models use {info['name'] if catalog.find(info['name']) else info['path']}")
 
@@ -118,3 +119,13 @@ def models_use(name, fim_template, as_json):
     used = catalog.use(name, fim_template)
     emit(used, as_json, f"model = {used['model']} (in {used['config']})\n"
          + "".join(f"  {c}\n" for c in used["changes"]))
+    if not as_json:
+        _daemon_keeps_its_model()
+
+
+def _daemon_keeps_its_model() -> None:
+    """Say so when a daemon runs: it serves the model it loaded until it restarts."""
+    from ..daemon.client import running
+
+    if running():
+        click.echo("the running daemon keeps its model until `efim daemon restart`")

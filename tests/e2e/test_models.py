@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.helpers import efim_cli
+from tests.helpers import Daemon, efim_cli
 
 REPO, FILE, COMMIT = "efim-test/tiny-GGUF", "tiny-q8_0.gguf", "0123456789abcdef0123456789abcdef01234567"
 
@@ -183,6 +183,7 @@ def test_use_writes_the_template_that_belongs_to_the_model(tmp_path, hub, tiny_m
     r = run(env, "models", "use", "tiny-coder")
     out = r.stdout.decode()
     assert 'removed fim_template = "<PRE>,<SUF>,<MID>" (the model has FIM tokens)' in out and "fim_family" in out
+    assert "daemon" not in out  # none runs
     text = cfg.read_text()
     assert "fim_template" not in text and "fim_family" not in text and "max_tokens = 6" in text
     st = json.loads(run(env, "status", "--json").stdout)
@@ -286,3 +287,16 @@ def test_gemma_is_one_command_away_without_a_hub(tmp_path):
     done = json.loads(run(env, "complete", str(doc), "--line", "2", "--column", "5", "--json", "--max-tokens", "4",
                           "--no-cache").stdout)
     assert done["tokens"]["generated"] >= 1
+
+
+def test_use_says_a_running_daemon_keeps_its_model(tmp_path, hub, tiny_model):
+    """A new user switched models while a daemon ran and `efim status` still showed the old one."""
+    env = _env(tmp_path, hub.url, [_row("tiny-coder")])
+    d = Daemon(tmp_path / "d", tiny_model).start()
+    try:
+        env = {**env, "EFIM_SOCKET": str(d.sock)}
+        run(env, "models", "pull", "tiny-coder")
+        out = run(env, "models", "use", "tiny-coder").stdout.decode()
+        assert "the running daemon keeps its model until `efim daemon restart`" in out, out
+    finally:
+        d.stop()
