@@ -39,7 +39,7 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
     model_kw = {k: v for k, v in kw.items() if k not in req_names or k == "layout"}
     text = decode(sys.stdin.buffer.read(MAX_DOCUMENT_BYTES + 1), "standard input") if from_stdin else read_source(path)
     cursor = offset_of(text, line - 1, column - 1)
-    req = CompletionRequest(text=text, cursor=cursor, path=str(Path(path).resolve()) if not from_stdin else path,
+    req = CompletionRequest(text=text, cursor=cursor, path=str(Path(path).resolve()),  # (--stdin: the same key)
                             **{k: v for k, v in kw.items() if k in req_names and v is not None})
     # Model options other than the layout describe another engine than the daemon's.
     own = [k for k, v in model_kw.items() if k != "layout" and v is not None]

@@ -1,11 +1,12 @@
 """`efim complete` end to end, in a subprocess, on the tiny GGUF."""
 
 import json
+import os
 import re
 
 import pytest
 
-from tests.helpers import efim_cli
+from tests.helpers import ROOT, Daemon, efim_cli
 
 DOC = "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n"
 
@@ -43,6 +44,23 @@ def test_complete_stdin_matches_file(src, tiny_model):
     a = json.loads(efim_cli("complete", str(src), *args).stdout)
     b = json.loads(efim_cli("complete", "named.py", "--stdin", *args, input=DOC.encode()).stdout)
     assert a["text"] == b["text"]
+
+
+def test_stdin_names_the_same_file_as_its_path(src, tiny_model, tmp_path):
+    """`--stdin` with a relative name is the file that name resolves to: the daemon keys both the same
+    (it kept the name as given, so the same name from two directories shared one entry)."""
+    d = Daemon(tmp_path / "d", tiny_model).start()
+    try:
+        env = {"EFIM_SOCKET": str(d.sock)}
+        args = ["--line", "2", "--column", "5", "--json", "--max-tokens", "4"]
+        efim_cli("complete", str(src), *args, env=env)
+        piped = json.loads(efim_cli("complete", os.path.relpath(src, ROOT), "--stdin", *args, env=env,
+                                    input=DOC.encode()).stdout)
+        with d.client() as c:
+            files = c.call("status", {})["requests"]["files"]
+        assert list(files) == [str(src.resolve())] and files[str(src.resolve())]["requests"] == 2, (files, piped)
+    finally:
+        d.stop()
 
 
 def test_model_from_env(src, tiny_model):
