@@ -63,7 +63,8 @@ print(f"{args.trace}: {len(fired)} requests; {len(index.files)} files under {arg
 
 def lead(path: str, doc: str) -> str:
     """The daemon's repository lead for ``path`` (T0, T1 on the buffer as it is), as plain text."""
-    return "".join(text for text, _ in render(fmt, args.tree.name, [t0.pieces, file_context(index, path, doc).pieces], path))
+    t1 = file_context(index, path, doc)
+    return "".join(text for text, _ in render(fmt, args.tree.name, [t0.pieces, t1.pieces], path))
 
 
 def full_left(n_ctx: int, doc: str, cursor: int, lead: int = 0) -> str:
@@ -105,7 +106,8 @@ summary = []
 for k in names:
     b = np.array(bits[k])
     est, lo, hi = bootstrap(b - vim, ratio_of=vim, n=2000)
-    summary.append({"context": k, "tokens_mean": round(float(np.mean(tokens[k]))), "bpc": round(b.sum() / sum(chars), 4),
+    summary.append({"context": k, "tokens_mean": round(float(np.mean(tokens[k]))),
+                    "bpc": round(b.sum() / sum(chars), 4),
                     "vs_llama.vim_pct": round(100 * est, 2), "ci95_lo_pct": round(100 * lo, 2),
                     "ci95_hi_pct": round(100 * hi, 2)})
 print(f"{len(chars)} requests scored ({sum(chars)} characters typed next), scorer "

@@ -129,7 +129,8 @@ class Handlers:
     def status(self, conn=None, msg=None) -> dict:
         info = self.worker.call(lambda e: e.status())
         s = self.server
-        info.update({"version": __version__, "socket": str(s.sock_path), "pid": os.getpid(), "uptime_s": round(time.time() - s.started, 1),
+        info.update({"version": __version__, "socket": str(s.sock_path), "pid": os.getpid(),
+                     "uptime_s": round(time.time() - s.started, 1),
                      "queued": self.worker.queued(), "idle_tasks": self.worker.idle_pending(),
                      "served": self.worker.served, "errors": self.worker.errors,
                      "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else [],
