@@ -149,8 +149,8 @@ def status(as_json, **model_kw):
     if info["via"] == "daemon":
         out.update(daemon_pid=info["pid"], socket=info["socket"], context=info["requests"].get("context"),
                    answers=info["requests"].get("sources"), engine_time_s=info.get("engine_time_s"))
-    else:
-        out["store"] = info["store"]
+    store = info.get("store")  # (the daemon's is a dict of its tiers: its directory, as in-process)
+    out["store"] = store.get("dir") if isinstance(store, dict) else store
     if as_json:
         return emit(out, True)
     from .daemon import context_text, engine_time_text, sources_text

@@ -96,6 +96,7 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     daemon_heal = st["heal"]
     st = json.loads(cli(env, "status", "--json").stdout)
     assert st["via"] == "daemon" and st["daemon_pid"] > 0 and st["context"]["mean_share"] == 1.0
+    assert st["store"] == json.loads(cli(env, "daemon", "status", "--json").stdout)["store"]["dir"]
     assert st["engine_time_s"]["generate"] > 0  # where the engine's time went
     assert (st["layout"], st["layout_reason"], st["heal"]) == (layout, why, daemon_heal)
 
