@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import efim_local
 from tests.helpers import REPO_GEOMETRY, ROOT, Daemon, make_repo
 
 pynvim = pytest.importorskip("pynvim")
@@ -613,7 +614,7 @@ def test_checkhealth(nv, relay, daemon, tmp_path):
     assert f"socket: {relay.path}" in report
     with daemon.client() as c:
         assert f"model: {c.call('status')['model']}" in report
-    assert "version: efim, version " in report
+    assert f"version: {efim_local.__version__} (the daemon's)" in report  # (it was "unknown" off PATH)
     assert "ERROR" not in report and "Failed to run healthcheck" not in report, report
 
     nv.lua(f'require("efim").config.socket = "{tmp_path}/nothing.sock"; require("efim.rpc").close()')

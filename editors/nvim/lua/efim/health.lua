@@ -40,7 +40,7 @@ function M.check()
       status.uptime_s or 0, tostring(status.served)))
     info("model: " .. tostring(status.model) .. " (layout " .. tostring(status.layout) .. ")")
   end
-  local version = status and status.version or efim_version()
+  local version = status and status.version and (status.version .. " (the daemon's)") or efim_version()
   if version then
     info("version: " .. version)
   else
