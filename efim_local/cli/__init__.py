@@ -69,8 +69,7 @@ class Efim(click.Group):
             fail(e.format_message() + where, 2)
         except click.ClickException as e:
             fail(e.format_message(), e.exit_code)
-        except click.Abort:
-            click.echo(err=True)
+        except click.Abort:  # (click has ended the line)
             sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
 

@@ -5,8 +5,10 @@ a growth chunk, an idle prefill chunk, calibration, a save. Like llama.cpp serve
 thread takes one step at a time and picks the next by priority:
 
 1. calls (status, test hooks: short, synchronous);
-2. a waiting request: it starts at once, between two steps of any other (a request it superseded
-   ends first: it frees its slot, and its trail is the new one's, ``instant.py``);
+2. a waiting request: it starts between two steps of any other when a slot has no request running
+   in it (else it waits for one, "busy" after its ``max_wait``); a request it superseded ends first:
+   it frees its slot, the new one takes it before other files' requests, and its trail is the new
+   one's (``instant.py``);
 3. requests already running: prefill before generation, generation in turns, one token each; growth
    rides along a reduced request's generation (``background.Alongside``) when no request waits;
 4. after a short grace, background work, the file of the latest request first (it is nearest the
@@ -201,12 +203,13 @@ class Scheduler:
         while True:
             with self.cond:
                 save = self._wait()
+                expired = self._expired()
                 if self.calls:
                     work = ("call", self.calls.popleft())
                 elif self.waiting and (doomed := next((t for t in self.running if t.cancelled.is_set()), None)):
                     work = ("step", doomed)  # a superseded request ends first: its slot and trail are the next one's
                 elif self.waiting and not self._full():
-                    work = ("start", self.waiting.popleft())
+                    work = ("start", self._next_waiting())
                     self.running.insert(0, work[1])
                 elif self.running:  # (a request waiting for a slot starts when one of these ends)
                     work = ("step", self.running[0])
@@ -217,6 +220,8 @@ class Scheduler:
                     work = ("save", None)
                 else:
                     work = ("background", None)
+            for task in expired:
+                self._end(task, None, Busy(f"busy: waited more than {task.max_wait:.0f} s for a slot"))
             kind, item = work
             t = time.perf_counter()
             if self.held_at is not None:  # idle work waited for a request that was due (pace.py)
@@ -237,6 +242,25 @@ class Scheduler:
                 self._spend("save", t)
             else:
                 self._background_step()
+
+    def _expired(self) -> list[RequestTask]:
+        """The waiting requests past their ``max_wait``, taken from the queue, while every slot is taken
+        (else the next to start is answered "busy" as it starts)."""
+        if not (self.waiting and self._full()):
+            return []
+        now = time.monotonic()
+        late = [t for t in self.waiting if now - t.queued_at > t.max_wait]
+        for t in late:
+            self.waiting.remove(t)
+        return late
+
+    def _next_waiting(self) -> RequestTask:
+        """The next request to start: the first whose file a free slot holds (a keystroke that superseded
+        the request running there takes its slot back), else the first in."""
+        free = {s.path for s in self.engine.slots.free() if s.path is not None}
+        task = next((t for t in self.waiting if t.request.path in free), self.waiting[0])
+        self.waiting.remove(task)
+        return task
 
     def _full(self) -> bool:
         """Whether every slot has a request running in it (a remote-only engine has none: no limit)."""

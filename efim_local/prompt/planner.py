@@ -262,7 +262,7 @@ class Planner:
         space = self.space(reserve)
         if space < 16:
             raise PlanError(f"a slot of {self.limits.n_ctx} tokens has no room for a prompt after {reserve} tokens "
-                            "of output: ask for fewer (max_tokens) or use larger slots (n_ctx_seq)")
+                            "of output: ask for fewer (max_tokens) or use larger slots (--n-ctx, n_ctx_seq)")
         # The prefix's share of the context: all but the suffix's (at least a quarter, when it has it).
         prefix_room = space - min(len(suffix), max(space // 4, space - len(prefix)))
         start = window_start(len(prefix), prefix_room, frame.window)

@@ -2,12 +2,13 @@
 one step and goes on later; answers of interleaved requests equal their plans computed cold."""
 
 import threading
+import time
 
 import pytest
 
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.scheduler import RequestTask, Scheduler
-from efim_local.errors import Cancelled
+from efim_local.errors import Busy, Cancelled
 
 from tests.helpers import small_config, sources, wait_until
 
@@ -268,3 +269,55 @@ def test_more_requests_than_slots_wait_for_a_slot(scheduler, engine, reference):
     first_done = min(rec.events.index((k, "done")) for k in reqs)
     assert all((k, "text") not in rec.events[:first_done] for k in list(reqs)[-2:])
     assert not engine.slots.busy
+
+
+def _fill_slots(scheduler, engine, rec, max_tokens=600):
+    """A long answer running in every slot (returned once all of them run); cancel them with _end_all."""
+    for i in range(len(engine.slots.slots)):
+        r = request(i, 800 + 40 * i, max_tokens)
+        task = rec.task(f"L{i}", CompletionRequest(r.text, r.cursor, path=f"long-{i}.py", layout="efim",
+                                                   max_tokens=max_tokens, ignore_eog=True))
+        shown = task.on_text  # the tiny model answers 600 tokens in 50 ms: a slow reader keeps them running
+        task.on_text = lambda text, shown=shown: (time.sleep(0.005), shown(text))
+        scheduler.submit(task)
+    wait_until(lambda: len(scheduler.running) == len(engine.slots.slots) and not scheduler.waiting, TIMEOUT,
+               "a request running in every slot")
+    return [r for r in (request(i, 800 + 40 * i, max_tokens) for i in range(len(engine.slots.slots)))]
+
+
+def _end_all(scheduler, rec, names):
+    for name in names:
+        scheduler.cancel(lambda t, name=name: t.key == name)
+    rec.wait(*names)
+
+
+def test_a_request_waiting_for_a_slot_is_busy_after_its_max_wait(scheduler, engine):
+    """Every slot runs a long answer: a request that waits longer than its ``max_wait`` is answered
+    "busy" then, not when a slot frees seconds later (a reviewer measured 14 s for a 0.05 s limit)."""
+    rec, names = Recorder(), [f"L{i}" for i in range(len(engine.slots.slots))]
+    _fill_slots(scheduler, engine, rec)
+    task = rec.task("late", request(0, 900, 4))
+    task.max_wait = 0.05
+    scheduler.submit(task)
+    rec.wait("late")
+    assert isinstance(rec.results["late"][1], Busy) and "for a slot" in str(rec.results["late"][1])
+    assert not any(n in rec.results for n in names)  # all still running
+    _end_all(scheduler, rec, names)
+
+
+def test_a_keystroke_that_supersedes_a_running_request_takes_its_slot_back(scheduler, engine):
+    """Slots full, another file's request waiting: a keystroke in a running request's file supersedes it
+    and starts first, in its slot, on its KV (it went to the other file, which evicted it)."""
+    rec, names = Recorder(), [f"L{i}" for i in range(len(engine.slots.slots))]
+    first = _fill_slots(scheduler, engine, rec)[0]
+    scheduler.submit(rec.task("W", request(1, 1200, 8)))
+    scheduler.submit(rec.task("K", CompletionRequest(first.text, first.cursor, path="long-0.py", layout="efim",
+                                                     max_tokens=8, ignore_eog=True), key="L0"))
+    rec.wait("K", "L0")
+    out, err = rec.results["K"]
+    assert err is None and isinstance(rec.results["L0"][1], Cancelled)
+    assert out.tokens.cached >= out.tokens.prompt - 1, out.tokens  # the superseded request's KV
+    assert "W" not in rec.results  # (it waits for a slot)
+    _end_all(scheduler, rec, names[1:])
+    rec.wait("W")
+    assert rec.results["W"][1] is None
