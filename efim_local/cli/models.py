@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from . import build_config, emit, main, user_errors
@@ -90,7 +92,7 @@ def models_pull(name, use_it, as_json):
         click.echo(f"model set in {info['config']}")
         for c in info["changes"]:
             click.echo(f"  {c}")
-        _daemon_keeps_its_model()
+        _daemon_keeps_its_model(info["path"])
     else:
         click.echo(f"use it: efim models use {info['name'] if catalog.find(info['name']) else info['path']}")
 
@@ -120,12 +122,18 @@ def models_use(name, fim_template, as_json):
     emit(used, as_json, f"model = {used['model']} (in {used['config']})\n"
          + "".join(f"  {c}\n" for c in used["changes"]))
     if not as_json:
-        _daemon_keeps_its_model()
+        _daemon_keeps_its_model(used["model"])
 
 
-def _daemon_keeps_its_model() -> None:
-    """Say so when a daemon runs: it serves the model it loaded until it restarts."""
-    from ..daemon.client import running
+def _daemon_keeps_its_model(model: str) -> None:
+    """Say so when a daemon runs another model: it serves the one it loaded until it restarts."""
+    from ..daemon.client import Client
+    from ..errors import EfimError
 
-    if running():
-        click.echo("the running daemon keeps its model until `efim daemon restart`")
+    try:
+        with Client(timeout=2) as c:
+            serving = c.call("status").get("model")
+    except (OSError, EfimError, ValueError):
+        return  # none runs (or it does not answer: nothing to say about it)
+    if serving and Path(serving).resolve() != Path(model).resolve():
+        click.echo(f"the running daemon keeps {Path(serving).name} until `efim daemon restart`")

@@ -297,6 +297,8 @@ def test_use_says_a_running_daemon_keeps_its_model(tmp_path, hub, tiny_model):
         env = {**env, "EFIM_SOCKET": str(d.sock)}
         run(env, "models", "pull", "tiny-coder")
         out = run(env, "models", "use", "tiny-coder").stdout.decode()
-        assert "the running daemon keeps its model until `efim daemon restart`" in out, out
+        assert f"the running daemon keeps {tiny_model.name} until `efim daemon restart`" in out, out
+        out = run(env, "models", "use", str(tiny_model)).stdout.decode()  # the one it runs: nothing to say
+        assert "daemon" not in out, out
     finally:
         d.stop()
