@@ -183,7 +183,7 @@ def test_use_writes_the_template_that_belongs_to_the_model(tmp_path, hub, tiny_m
     r = run(env, "models", "use", "tiny-coder")
     out = r.stdout.decode()
     assert 'removed fim_template = "<PRE>,<SUF>,<MID>" (the model has FIM tokens)' in out and "fim_family" in out
-    assert "daemon" not in out  # none runs
+    assert "running daemon keeps" not in out  # none runs
     text = cfg.read_text()
     assert "fim_template" not in text and "fim_family" not in text and "max_tokens = 6" in text
     st = json.loads(run(env, "status", "--json").stdout)
