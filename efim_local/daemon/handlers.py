@@ -33,6 +33,10 @@ class Handlers:
     def __init__(self, server, engine: Engine, worker: Worker):
         self.server, self.engine, self.worker = server, engine, worker
         self.documents = Documents(engine.files)
+        # The documents each connection opened and has not closed: a connection that ends closes them
+        # (an editor that quits or forgets a buffer; else they count against the open-document limit).
+        self.opened: dict[Connection, set[str]] = {}
+        self.opened_lock = threading.Lock()
         # what editors reported taking of the completions (efim lsp's accept notifications)
         self.acceptance = {"completions": 0, "partial": 0, "offered_chars": 0, "accepted_chars": 0}
         self.definitions_seen = {"messages": 0, "locations": 0}  # editors' "go to definition" results
@@ -65,6 +69,8 @@ class Handlers:
     def did_open(self, conn, msg):
         root = name_param(msg.params, "root", None)  # checked before the document is opened
         f = self.documents.open(msg.params)
+        with self.opened_lock:
+            self.opened.setdefault(conn, set()).add(f.path)
         if self.server.watcher and root:
             self.server.watcher.watch(root)
         self.warm_later(f.path)
@@ -78,10 +84,25 @@ class Handlers:
         return {"path": f.path, "version": f.version}
 
     def did_close(self, conn, msg):
-        self.documents.close(msg.params)
-        if self.engine.repo is not None:
-            self.engine.repo.closed(path_param(msg.params))
+        path = path_param(msg.params)
+        with self.opened_lock:
+            for paths in self.opened.values():  # closed for every connection, as before
+                paths.discard(path)
+        self._close(path)
         return None
+
+    def _close(self, path: str) -> None:
+        self.documents.close({"path": path})
+        if self.engine.repo is not None:
+            self.engine.repo.closed(path)
+
+    def connection_closed(self, conn) -> None:
+        """``conn`` ended: close the documents it opened that no other connection has open."""
+        with self.opened_lock:
+            mine = self.opened.pop(conn, set())
+            others = set().union(*self.opened.values())
+        for path in sorted(mine - others):
+            self._close(path)
 
     def cursor(self, conn, msg):
         """The cursor settled in an open document: prefill the plan anchored there, when idle."""

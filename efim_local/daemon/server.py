@@ -233,6 +233,7 @@ class Server:
             conn.close()
             with self.conns_lock:
                 self.conns.discard(conn)
+            self.handlers.connection_closed(conn)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from efim_local import errors as P
 from efim_local.errors import EfimError
 
-from tests.helpers import ROOT, SOURCES, Daemon
+from tests.helpers import ROOT, SOURCES, Daemon, wait_until
 
 LONG = SOURCES[6][:6000]
 
@@ -183,6 +183,29 @@ def _many_at_once(daemon):
     assert errors == [] and len(outs) == 2 * slots
     with daemon.client() as c:
         assert c.call("status", {})["errors"] == 0
+
+
+def test_a_connection_that_ends_closes_the_documents_it_opened(daemon):
+    """An editor that quits without didClose (or forgets a buffer) left its documents open for good: at
+    256 the daemon refused every new file. Those no other connection has open are closed with it."""
+    def n_open():
+        with daemon.client() as c:
+            return c.call("status", {})["documents"]
+
+    before = n_open()
+    with daemon.client() as a, daemon.client() as b:
+        for name in ("left1.py", "left2.py", "shared.py"):
+            a.call("didOpen", {"path": name, "text": "x = 1\n"})
+        b.call("didOpen", {"path": "shared.py", "text": "x = 1\n"})
+        a.call("didClose", {"path": "left2.py"})
+        assert n_open() == before + 2  # left1.py, shared.py
+    assert wait_until(lambda: n_open() == before)  # a's own, and shared.py once b ended too
+    with daemon.client() as a:
+        a.call("didOpen", {"path": "kept.py", "text": "x = 1\n"})
+        with daemon.client() as b:
+            b.call("didOpen", {"path": "kept.py", "text": "x = 1\n"})
+        assert n_open() == before + 1  # a still has it open
+        assert a.call("complete", {"path": "kept.py", "offset": 5, "max_tokens": 4})["tokens"]["prompt"] > 0
 
 
 def test_supersede_and_cancel(daemon):

@@ -666,6 +666,27 @@ def test_enable_disable_toggle(nv, relay, daemon, tmp_path):
     assert wait_for(lambda: len(relay.methods("didClose")) == n + 1)
 
 
+@every_neovim
+def test_deleting_a_buffer_closes_its_document(nv, relay, daemon, tmp_path):
+    """:bdelete unloads the buffer before BufDelete, and the plugin forgot it then: no didClose, so the
+    daemon kept every deleted buffer open until its limit of 256 refused new files."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    b.write_text("import sys\n\n")
+    open_file(nv, a, "import os\n\n", 'debounce_ms = 30, max_tokens = 4')
+    assert final_text(relay, nv, typed(nv, relay, "Ax"))
+    nv.api.input("<Esc>")
+    nv.api.command(f"edit! {b}")
+    assert final_text(relay, nv, typed(nv, relay, "Ay"))
+    nv.api.input("<Esc>")
+    closed = lambda: [m["params"]["path"] for m in relay.methods("didClose")]
+    nv.api.command(f"bdelete! {a}")
+    assert wait_for(lambda: closed() == [str(a)]), closed()
+    nv.api.command(f"bwipeout! {b}")
+    assert wait_for(lambda: closed() == [str(a), str(b)]), closed()
+    with daemon.client() as c:
+        assert c.call("status")["documents"] == 0
+
+
 def test_filetypes_and_unnamed_buffers(nv, relay, tmp_path):
     """Off by default in Markdown, help and unnamed buffers (nothing sent, not even didOpen);
     the filetypes table turns them on, or makes an allow-list."""

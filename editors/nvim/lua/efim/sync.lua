@@ -102,8 +102,8 @@ local function attach(bufnr)
       doc.lines = vim.api.nvim_buf_get_lines(b, 0, -1, false)
       send_change(doc, { text = table.concat(doc.lines, "\n") })
     end,
-    on_detach = function(_, b)
-      if S.docs[b] == doc then S.docs[b] = nil end
+    on_detach = function(_, b) -- unloaded (:bdelete unloads before BufDelete): close it in the daemon
+      if S.docs[b] == doc then S.close(b) end
     end,
   })
   if not ok then return nil end
