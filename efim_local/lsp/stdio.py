@@ -189,11 +189,16 @@ def start_io(server, stdin: BinaryIO | None = None, stdout: BinaryIO | None = No
     """Serve on stdin/stdout with this reader (pygls' ``start_io`` otherwise)."""
     server._stop_event = stop = threading.Event()
     server.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+    code = 0
     try:
         asyncio.run(run(stop, Frames(stdin or sys.stdin.buffer), server))
     except BrokenPipeError:
         log.error("efim: the editor closed the connection")
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:
         pass
+    except SystemExit as e:  # pygls' exit: 1 when no shutdown came first (the LSP rule)
+        code = e.code if isinstance(e.code, int) else 0
     finally:
         server.shutdown()
+    if code:
+        sys.exit(code)

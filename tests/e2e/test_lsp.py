@@ -324,3 +324,49 @@ async def test_daemon_restart_loses_no_request(tmp_path, tiny_model):
 
         with Client(d.sock) as c:
             c.call("shutdown")
+
+
+def _frame(msg: dict) -> bytes:
+    import json
+
+    body = json.dumps(msg).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+@pytest.mark.parametrize("shutdown,code", [(True, 0), (False, 1)])
+def test_exit_code_and_the_documents_it_leaves_open(daemon, shutdown, code):
+    """`exit` without `shutdown` first exits 1 (the LSP rule; it was 0); either way the documents it
+    opened are closed in the daemon when it goes (a new user's trial found them left open for good)."""
+    import subprocess
+
+    def n_open():
+        with daemon.client() as c:
+            return c.call("status")["documents"]
+
+    before = n_open()
+    msgs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}},
+            {"jsonrpc": "2.0", "method": "initialized", "params": {}},
+            {"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+                "uri": URI, "languageId": "python", "version": 1, "text": TEXT}}},
+            {"jsonrpc": "2.0", "id": 2, "method": "textDocument/inlineCompletion", "params": {
+                "textDocument": {"uri": URI}, "position": {"line": 4, "character": 7},
+                "context": {"triggerKind": 2}}}]
+    p = subprocess.Popen([sys.executable, "-m", "efim_local.cli", "lsp", "--socket", str(daemon.sock)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         env=daemon.env, cwd=str(ROOT))
+    p.stdin.write(b"".join(map(_frame, msgs)))
+    p.stdin.flush()
+    deadline = time.monotonic() + 60
+    while n_open() == before and time.monotonic() < deadline:  # its didOpen reached the daemon
+        time.sleep(0.05)
+    assert n_open() == before + 1
+    tail = ([{"jsonrpc": "2.0", "id": 3, "method": "shutdown"}] if shutdown else []) + [
+        {"jsonrpc": "2.0", "method": "exit"}]
+    p.stdin.write(b"".join(map(_frame, tail)))
+    p.stdin.close()
+    assert p.wait(60) == code
+    p.stdout.close()
+    deadline = time.monotonic() + 30
+    while n_open() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert n_open() == before
