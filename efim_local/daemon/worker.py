@@ -17,7 +17,8 @@ from ..engine import CompletionRequest, Engine
 from ..engine.background import grow_steps
 from ..engine.instant import ahead_steps
 from ..engine.run import greedy
-from ..engine.scheduler import RequestTask, Scheduler
+from ..engine.scheduler import Scheduler
+from ..engine.tasks import RequestTask
 from ..errors import Busy, Cancelled, EfimError, InternalError, internal
 from .framing import error, notification, reply
 from .logs import RequestStats

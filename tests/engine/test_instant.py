@@ -194,7 +194,8 @@ def test_a_superseded_answer_is_typed_through(engine, reference):
     from the trail it left."""
     import threading
 
-    from efim_local.engine.scheduler import RequestTask, Scheduler
+    from efim_local.engine.scheduler import Scheduler
+    from efim_local.engine.tasks import RequestTask
 
     engine.clear_slots()
     s = Scheduler(engine)
