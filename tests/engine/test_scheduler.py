@@ -7,7 +7,8 @@ import time
 import pytest
 
 from efim_local.engine import CompletionRequest, Engine
-from efim_local.engine.scheduler import RequestTask, Scheduler
+from efim_local.engine.scheduler import Scheduler
+from efim_local.engine.tasks import RequestTask
 from efim_local.errors import Busy, Cancelled
 
 from tests.helpers import small_config, sources, wait_until
@@ -64,10 +65,11 @@ class Recorder:
             assert self.cond.wait_for(lambda: all(n in self.results for n in names), TIMEOUT), self.results
 
 
-def request(i, cursor_at, max_tokens):
+def request(i, cursor_at, max_tokens, path=None):
     text = sources()[i][:3000]
     cur = text.index("\n", cursor_at) + 1
-    return CompletionRequest(text, cur, path=f"sched-{i}.py", layout="efim", max_tokens=max_tokens, ignore_eog=True)
+    return CompletionRequest(text, cur, path=path or f"sched-{i}.py", layout="efim", max_tokens=max_tokens,
+                             ignore_eog=True)
 
 
 def cold(reference, engine, req, out):
@@ -255,9 +257,7 @@ def test_more_requests_than_slots_wait_for_a_slot(scheduler, engine, reference):
     ends (its slot is free again), rather than failing; every answer equals its plan computed cold."""
     rec = Recorder()
     n = len(engine.slots.slots) + 2
-    reqs = {f"R{i}": request(i % len(sources()), 800 + 40 * i, 16) for i in range(n)}
-    reqs = {k: CompletionRequest(r.text, r.cursor, path=f"many-{k}.py", layout="efim", max_tokens=16, ignore_eog=True)
-            for k, r in reqs.items()}
+    reqs = {f"R{i}": request(i % len(sources()), 800 + 40 * i, 16, path=f"many-R{i}.py") for i in range(n)}
     for name, req in reqs.items():
         scheduler.submit(rec.task(name, req))
     rec.wait(*reqs)
@@ -273,16 +273,15 @@ def test_more_requests_than_slots_wait_for_a_slot(scheduler, engine, reference):
 
 def _fill_slots(scheduler, engine, rec, max_tokens=600):
     """A long answer running in every slot (returned once all of them run); cancel them with _end_all."""
-    for i in range(len(engine.slots.slots)):
-        r = request(i, 800 + 40 * i, max_tokens)
-        task = rec.task(f"L{i}", CompletionRequest(r.text, r.cursor, path=f"long-{i}.py", layout="efim",
-                                                   max_tokens=max_tokens, ignore_eog=True))
+    reqs = [request(i, 800 + 40 * i, max_tokens, path=f"long-{i}.py") for i in range(len(engine.slots.slots))]
+    for i, r in enumerate(reqs):
+        task = rec.task(f"L{i}", r)
         shown = task.on_text  # the tiny model answers 600 tokens in 50 ms: a slow reader keeps them running
         task.on_text = lambda text, shown=shown: (time.sleep(0.005), shown(text))
         scheduler.submit(task)
-    wait_until(lambda: len(scheduler.running) == len(engine.slots.slots) and not scheduler.waiting, TIMEOUT,
+    wait_until(lambda: len(scheduler.running) == len(reqs) and not scheduler.waiting, TIMEOUT,
                "a request running in every slot")
-    return [r for r in (request(i, 800 + 40 * i, max_tokens) for i in range(len(engine.slots.slots)))]
+    return reqs
 
 
 def _end_all(scheduler, rec, names):
@@ -309,10 +308,9 @@ def test_a_keystroke_that_supersedes_a_running_request_takes_its_slot_back(sched
     """Slots full, another file's request waiting: a keystroke in a running request's file supersedes it
     and starts first, in its slot, on its KV (it went to the other file, which evicted it)."""
     rec, names = Recorder(), [f"L{i}" for i in range(len(engine.slots.slots))]
-    first = _fill_slots(scheduler, engine, rec)[0]
+    _fill_slots(scheduler, engine, rec)
     scheduler.submit(rec.task("W", request(1, 1200, 8)))
-    scheduler.submit(rec.task("K", CompletionRequest(first.text, first.cursor, path="long-0.py", layout="efim",
-                                                     max_tokens=8, ignore_eog=True), key="L0"))
+    scheduler.submit(rec.task("K", request(0, 800, 8, path="long-0.py"), key="L0"))  # L0's text, its file
     rec.wait("K", "L0")
     out, err = rec.results["K"]
     assert err is None and isinstance(rec.results["L0"][1], Cancelled)
