@@ -30,7 +30,7 @@ class Vocabulary:
 
     def __init__(self, model: Model):
         self.model = model
-        self.healer = Healer([model.piece(t) for t in range(model.n_vocab)])
+        self.healer = Healer.of_model(model)
 
     def piece(self, t: int) -> bytes:
         return self.model.piece(t)
@@ -218,7 +218,7 @@ class Scorer:
         if job.cut is not None:  # the typed text's last token: back it off (healing and the oracle)
             r = v.piece(job.prompt[job.cut])
             p_h = job.prompt[:job.cut] + job.prompt[job.cut + 1:]
-            st.update(r=r, heal=Healer.should_heal(r))
+            st.update(r=r, heal=v.healer.extends(r))
             plans["h"] = (p_h, r, r + job.target)
             plans["den"] = (p_h, r, r)
         st["plans"] = plans

@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import util as bu
-from . import context, paced, paced_remote, peers, replay, restore, rounds, trace
+from . import context, paced, paced_remote, peers, quality, replay, restore, rounds, trace
 
 PARTS = ("paced", "replay", "rounds", "restore")  # what a plain `efim bench` runs
-EXTRA_PARTS = ("context",)  # only when asked for (--only context): a paced replay, then scoring
+EXTRA_PARTS = ("context", "quality")  # only when asked for: a paced replay then scoring; HumanEval answers
 
 
 @dataclass
@@ -30,6 +30,8 @@ class SuiteConfig:
     backend: str | None = None  # paced part through replicas: URLs, or "local:N" (started here); paced_remote.py
     kill_replica: bool = False  # and one of those started here killed halfway
     repo: Path | None = None  # the paced part with repository context: the trace's files under this git tree
+    infill: str = "single"  # the quality part's HumanEval-infilling set (quality.SETS)
+    protocol: str = "typed"  # and its protocol: typed, or the EFIM paper's
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
@@ -62,6 +64,10 @@ def run(cfg: SuiteConfig, log=print) -> dict:
                                    n_boot=500 if q else 2000, n_ctx=cfg.n_ctx or 4096)
         res["context"] = context.run(cc)
         log(context.table(res["context"]))
+    if "quality" in cfg.parts:
+        qc = quality.QualityConfig(model, template, set=cfg.infill, protocol=cfg.protocol,
+                                   tasks=cfg.max_requests or (40 if q else 0), threads=cfg.threads, out=cfg.out)
+        res["quality"] = quality.run(qc, log=log)
     if "replay" in cfg.parts:
         rc = replay.ReplayConfig(model, max_requests=cfg.max_requests or (12 if q else 200),
                                  max_tokens=16 if q else 32, threads=cfg.threads, server=cfg.server,

@@ -13,14 +13,21 @@ from . import emit, main, user_errors
 @click.option("--quick", is_flag=True, help="A short run (about 3 minutes on 2 cores).")
 @click.option("--model", "-m", default="gemma", show_default=True,
               help="'gemma' (gemma3-270m, FIM tokens marked for /infill), 'default', or a GGUF path.")
-@click.option("--only", type=click.Choice(["paced", "replay", "rounds", "restore", "context"]), multiple=True,
+@click.option("--only", type=click.Choice(["paced", "replay", "rounds", "restore", "context", "quality"]),
+              multiple=True,
               help="Run only these parts (repeatable). 'context' (not run by default): a paced replay, then "
                    "what the user typed next scored by gemma3-270m after efim's plans, the full plans and "
-                   "llama.vim's window.")
+                   "llama.vim's window. 'quality' (not run by default): HumanEval infilling answers per "
+                   "layout (exact match, pass@1, paired intervals; --set, --protocol).")
+@click.option("--set", "infill", type=click.Choice(["single", "multi", "span-light", "span"]), default="single",
+              show_default=True, help="The quality part's HumanEval-infilling set.")
+@click.option("--protocol", type=click.Choice(["typed", "paper"]), default="typed", show_default=True,
+              help="The quality part's protocol: the user typed part of the hole, or the EFIM paper's split.")
 @click.option("--server", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="llama-server binary (default: native/build/server/bin/llama-server, `make server`).")
 @click.option("--requests", "max_requests", type=click.IntRange(1, 100000),
-              help="Edit-trace requests per backend (default: 12 quick, 200 full).")
+              help="Edit-trace requests per backend (default: 12 quick, 200 full); the quality part's "
+                   "tasks (default: 40 quick, all).")
 @click.option("--threads", type=click.IntRange(0, 1024), default=0, help="CPU threads (0: all).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
               show_default=True, help="Where the JSON and PNG go.")
@@ -44,7 +51,7 @@ from . import emit, main, user_errors
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
 @user_errors
 def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy, n_ctx, trace_name, out,
-          backend, kill_replica, repo, as_json):
+          backend, kill_replica, repo, infill, protocol, as_json):
     """Replay real edits through efim (EFIM, FIM) and llama-server (/infill, /completion), then
     the EFIM paper's rounds and the state-restore benchmark, all on one model.
 
@@ -52,6 +59,7 @@ def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy
     Examples:
       make server && efim bench --quick
       efim bench --model default --only replay --json
+      efim bench --model qwen.gguf --only quality --set single --requests 300
     """
     from ..bench import peers, suite, trace
 
@@ -71,7 +79,8 @@ def bench(quick, model, only, server, max_requests, threads, max_prompt_ms, busy
     cfg = suite.SuiteConfig(model=model, quick=quick, parts=tuple(only) or suite.PARTS,
                             server=server or peers.SERVER_BIN, threads=threads, out=out,
                             max_requests=max_requests, max_prompt_ms=max_prompt_ms, busy=busy,
-                            trace=trace_name, n_ctx=n_ctx, backend=backend, kill_replica=kill_replica, repo=repo)
+                            trace=trace_name, n_ctx=n_ctx, backend=backend, kill_replica=kill_replica, repo=repo,
+                            infill=infill, protocol=protocol)
     res = suite.run(cfg, log=(lambda s: None) if as_json else click.echo)
     if as_json:
         drop = ("rows", "full_tokens")

@@ -17,6 +17,9 @@ from .slots import Slot, SlotManager
 from .stream import StopRules, TextStream
 
 
+BEFORE_PEEK = 96  # prompt tokens before the cursor read for the cursor's line and the lines above it
+ABOVE = 3  # lines above the cursor an answer must not repeat
+
 # What a step of work yields: which kind of step it was (the scheduler picks the next by it).
 PREFILL = "prefill"  # a prompt batch was decoded; more follow
 TOKEN = "token"  # a token was sampled, no text shown yet
@@ -56,7 +59,7 @@ class Decoder:
     @property
     def healer(self) -> Healer:
         if self._healer is None:  # built on first use: it reads the whole vocabulary
-            self._healer = Healer([self.model.piece(t) for t in range(self.model.n_vocab)])
+            self._healer = Healer.of_model(self.model)
         return self._healer
 
     def prefill(self, slot: Slot, prompt: np.ndarray, n_common: int, should_stop=None, chunk=None) -> int:
@@ -104,8 +107,9 @@ class Decoder:
         return len(prompt) - n_common
 
     def ends(self, tok: int) -> bool:
-        """Whether ``tok`` ends a generation (end of generation, or the template's stop token)."""
-        return self.model.is_eog(tok) or tok in self.stop_tokens
+        """Whether ``tok`` ends a generation: end of generation, the template's stop token, or any other
+        special token (an Instruct model's chat markers: a middle never holds one)."""
+        return ends(self.model, self.stop_tokens, tok)
 
     def decode(self, slot: Slot, interruptible: bool = False) -> None:
         """Decode the batch; on a full KV cache evict other slots (LRU first) and retry.
@@ -148,7 +152,7 @@ class Decoder:
         tokens cost nothing: no step ends after them."""
         heal, known, trail = spec.heal, spec.known, spec.trail
         suffix = drafts.find_suffix(prompt, self.markers)
-        rules = self.with_rejoin(spec.rules, suffix)
+        rules = answer_rules(self.model, self.markers, spec.rules, prompt, heal, suffix)
         stream = TextStream(rules)
         ids: list[int] = []
         row = self.batch.raw.n_tokens - 1 if logits_ready else None
@@ -213,13 +217,6 @@ class Decoder:
             self.draft_stats.history.append(np.asarray(ids, dtype=np.int32))
         return Generated(ids, stream, reason, t_first)
 
-    def with_rejoin(self, rules: StopRules, suffix: np.ndarray) -> StopRules:
-        """``rules`` that also stop where the output rejoins the suffix (drafts.rejoin_text)."""
-        if not len(suffix) or rules.rejoin:
-            return rules
-        text = b"".join(self.model.piece(int(t)) for t in suffix[:drafts.SUFFIX_PEEK]).decode("utf-8", "replace")
-        return replace(rules, rejoin=drafts.rejoin_text(text))
-
     def drafter(self, prompt: np.ndarray, suffix: np.ndarray, sampler: Sampler) -> "drafts.Drafter | None":
         """The drafts of a greedy generation (None: sampling, or drafting is off)."""
         if not self.drafting or sampler.params.temperature > 0:
@@ -255,6 +252,29 @@ class Decoder:
             have += len(part)
             slot.tokens = seq[:have]
         return self.batch.raw.n_tokens - 1
+
+
+def ends(model, stop_tokens: frozenset[int], tok: int) -> bool:
+    """Whether ``tok`` ends a generation (Decoder.ends)."""
+    return model.is_eog(tok) or tok in stop_tokens or model.is_control(tok)
+
+
+def answer_rules(model, markers, rules: StopRules, prompt: np.ndarray, heal: bytes = b"",
+                 suffix: np.ndarray | None = None) -> StopRules:
+    """``rules`` with the stops that the prompt's text gives (a function of the prompt alone, so an
+    answer ends in the same place whatever KV it was served from): where the output rejoins the
+    suffix (``drafts.rejoin_text``), and where it leaves the block it started in or repeats the lines
+    above the cursor (stream.py ``_block_cut``; from the prompt's tokens before the cursor and the
+    text healed)."""
+    if markers is None or rules.line is not None:
+        return rules
+    text = lambda toks: b"".join(model.piece(int(t)) for t in toks)
+    suffix = drafts.find_suffix(prompt, markers) if suffix is None else suffix
+    rejoin = rules.rejoin or drafts.rejoin_text(text(suffix[:drafts.SUFFIX_PEEK]).decode("utf-8", "replace"))
+    before = (text(drafts.find_before(prompt, markers)[-BEFORE_PEEK:]) + heal).decode("utf-8", "replace")
+    lines = before.split("\n")
+    above = [ln.strip() for ln in lines[1:-1] if ln.strip()]  # (the first may be cut short)
+    return replace(rules, rejoin=rejoin, line=lines[-1], above=tuple(above[-ABOVE:]))
 
 
 @dataclass

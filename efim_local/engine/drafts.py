@@ -63,12 +63,35 @@ def find_suffix(prompt: np.ndarray, markers) -> np.ndarray:
     if not stop_marker:
         return prompt[start:]
     rest = prompt[start:]
-    m = np.asarray(stop_marker, dtype=np.int32)
-    hit = np.ones(max(0, len(rest) - len(m) + 1), dtype=bool)
+    at = _first(rest, stop_marker)
+    return rest[:at] if at >= 0 else prompt[:0]
+
+
+def _first(hay: np.ndarray, marker: Sequence[int]) -> int:
+    """The start of the first occurrence of ``marker`` in ``hay``; -1 if none."""
+    m = np.asarray(marker, dtype=np.int32)
+    if not len(m):
+        return -1
+    hit = np.ones(max(0, len(hay) - len(m) + 1), dtype=bool)
     for k in range(len(m)):
-        hit &= rest[k:len(rest) - len(m) + 1 + k] == m[k]
+        hit &= hay[k:len(hay) - len(m) + 1 + k] == m[k]
     where = np.flatnonzero(hit)
-    return rest[:int(where[0])] if len(where) else prompt[:0]
+    return int(where[0]) if len(where) else -1
+
+
+def find_before(prompt: np.ndarray, markers) -> np.ndarray:
+    """The tokens of a FIM or EFIM prompt's text before the cursor: its prefix (up to the next
+    marker), then the middle typed after the MID marker (EFIM; FIM has none there)."""
+    if markers is None or not markers.pre:
+        return prompt[:0]
+    start = _find(prompt, np.asarray(markers.pre, dtype=np.int32))
+    if start < 0:
+        return prompt[:0]
+    rest = prompt[start:]
+    ends = [i for i in (_first(rest, markers.suf), _first(rest, markers.mid)) if i >= 0]
+    before = rest[:min(ends)] if ends else rest
+    mid = _first(rest, markers.mid)
+    return np.concatenate([before, rest[mid + len(markers.mid):]]) if mid >= 0 else before
 
 
 def rejoin_text(suffix_text: str) -> str:

@@ -20,6 +20,7 @@ from ..kv import StateStore, StoreConfig
 from ..kv.fingerprint import layout_key, layout_params
 from ..llama import Batch, Context, Model
 from ..prompt import templates
+from ..prompt.healing import Healer
 from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, near_share
 from ..request import CompletionRequest, Options
 from . import background, tokenizing
@@ -55,6 +56,9 @@ def make_planner(model: Model, config: Config) -> tuple[templates.Template, Plan
         model, family=config.fim_family,
         text=templates.parse_text_template(config.fim_template) if config.fim_template else None,
         order=config.fim_order)
+    if template.source != "text":
+        ends = tuple(t for t in range(model.n_vocab) if model.is_eog(t))
+        template = templates.with_special_texts(template, lambda t: model.piece(t, special=True), ends)
     planner = Planner(model.tokenize, template.markers, PlannerLimits(
         n_ctx=config.context.n_ctx_seq, max_middle_tokens=config.max_middle_tokens,
         reserve_tokens=config.max_tokens))
@@ -227,6 +231,11 @@ class Engine:
             return self.planner
         m = self.planner.markers
         return replace(self.planner, markers=replace(m, bos=(*m.bos, *lead)))
+
+    @property
+    def healer(self) -> Healer:
+        """The vocabulary's index for token healing."""
+        return self.decoder.healer
 
     def max_tokens(self, how: Options) -> int:
         """The most tokens a request may generate."""

@@ -11,6 +11,7 @@ Two ways to run with replicas:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from contextlib import ExitStack
@@ -19,6 +20,8 @@ from pathlib import Path
 from ..backend import Pool
 from ..config import Config
 from ..llama import Model
+from ..prompt.healing import Healer
+from .decode import ends
 from .engine import Engine, make_planner
 from .files import Files
 from .instant import Instant, model_key
@@ -80,8 +83,12 @@ class RemoteEngine(Engine):
             self.default_heal, self.heal_reason = remote_heal(self, config)
             self._stack = stack.pop_all()
 
+    @functools.cached_property
+    def healer(self) -> Healer:
+        return Healer.of_model(self.model)
+
     def _ends(self, tok: int) -> bool:
-        return self.model.is_eog(tok) or tok in self.template.stop_tokens
+        return ends(self.model, self.template.stop_tokens, tok)
 
     def fit_threads(self) -> None:
         pass

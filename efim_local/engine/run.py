@@ -16,11 +16,11 @@ import numpy as np
 
 from ..errors import Cancelled, InvalidParams
 from ..llama import Sampler, SamplerParams
-from ..prompt.healing import Healer
+from ..prompt.healing import MAX_BACKOFF
 from ..prompt.planner import GROWN, Budget, Plan, line_start
 from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, Timings, TokenCounts
-from .decode import GenSpec
+from .decode import GenSpec, answer_rules
 from .instant import Instant, Shown, Through, cached_completion, keep_known
 from .remote_steps import remote_steps
 from .stream import StopRules
@@ -67,6 +67,7 @@ def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
     rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=how.stop_at_newline,
                       max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers)
     if engine.remote is not None and not ro.cold:  # a remote backend runs it (engine/remote_steps.py)
+        rules = answer_rules(engine.model, engine.template.markers, rules, prompt, ro.heal)
         out = yield from remote_steps(engine, prompt, how, ro, rules)
         if out is not None:
             return out  # else every replica failed: the local model answers
@@ -129,11 +130,13 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     tokens, heal = plan.tokens, b""
     want_heal = (engine.default_heal if req.how.heal is None else req.how.heal) and (engine.remote is None
                                                                                       or engine.remote.heals)
-    if want_heal and plan.middle_tokens and Healer.should_heal(engine.model.piece(plan.middle_tokens[-1])):
-        # Back off the middle's last token; generation must spell it out again.
-        cut = plan.middle_start + len(plan.middle_tokens) - 1
-        heal = engine.model.piece(tokens[cut])
-        tokens = tokens[:cut] + tokens[cut + 1:]
+    if want_heal and plan.middle_tokens:
+        # Back off the typed tokens that could merge with what follows; generation spells them again.
+        tail = [engine.model.piece(t) for t in plan.middle_tokens[-MAX_BACKOFF:]]
+        k = engine.healer.backoff(tail)
+        cut = plan.middle_start + len(plan.middle_tokens) - k
+        heal = b"".join(tail[len(tail) - k:])
+        tokens = tokens[:cut] + tokens[cut + k:]
     plan_ms = (time.perf_counter() - t0) * 1e3
     context = context_report(plan)
     if not ro.idle:

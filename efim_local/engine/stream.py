@@ -1,4 +1,5 @@
-"""Turning generated tokens into text: partial UTF-8, stop strings, line limits."""
+"""Turning generated tokens into text: partial UTF-8, stop strings, line limits, and where a middle
+ends (the block it started in, lines repeated from above the cursor)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ class StopRules:
     stop_strings: tuple[str, ...] = ()
     closers: str = ""  # auto-paired closers after the cursor: stop where the text would close them
     rejoin: str = ""  # the suffix's first lines: output that reproduces them ends before them (drafts.py)
+    # The cursor's line up to the answer and the lines above it (stripped, nearest last): an answer
+    # ends before a line that leaves the block it started in or repeats one of those (``_block_cut``).
+    line: str | None = None  # None: no such rule (the decoder fills it from the prompt)
+    above: tuple[str, ...] = ()
 
 
 OPENERS = {")": "(", "]": "[", "}": "{"}
 MIN_MARKER_TAIL = 2  # at the end of the stream, a tail this long that begins a stop string is dropped
+MIN_REPEAT = 8  # non-blank characters a line needs for its repeat of a line above to end an answer
+FENCE = "```"  # Markdown: an Instruct model closing (or opening) a code block it imagines
 
 
 class TextStream:
@@ -63,6 +70,10 @@ class TextStream:
             i = _closing(buf, self.rules.closers[0])
             if i is not None and (cut is None or i < cut):
                 cut, reason = i, "closer"
+        if self.rules.line is not None:
+            got = _block_cut(buf, self.rules.line, self.rules.above, final)
+            if got is not None and (cut is None or got[0] < cut):
+                cut, reason = got
         n_lines = self.rules.max_lines or (1 if self.rules.stop_at_newline else None)
         if n_lines:
             i = _nth_line_end(buf, n_lines)
@@ -77,6 +88,8 @@ class TextStream:
         hold = _held_back(buf, self.rules.stop_strings + ((self.rules.rejoin,) if self.rules.rejoin else ()))
         if final and hold < MIN_MARKER_TAIL:
             hold = 0  # the stream ended on one character of a marker: more likely code ("a <") than a marker
+        if self.rules.line is not None and not final:
+            hold = max(hold, _line_hold(buf, self.rules.above))
         keep = len(buf) - hold  # final: a longer tail ("</MI") was a marker cut short, never shown
         out = buf[len(self.text):keep] if keep > len(self.text) else ""
         self.text = buf[:max(keep, len(self.text))]
@@ -101,6 +114,45 @@ def _closing(buf: str, closer: str) -> int | None:
                 return i
             depth = max(0, depth - 1)  # a stray closer of another kind is the model's own
     return None
+
+
+def _block_cut(buf: str, line: str, above: tuple[str, ...], final: bool) -> tuple[int, str] | None:
+    """Where an answer that goes on after the cursor's ``line`` stops being the middle: before a line
+    indented less than the block it started in (the first line with content sets it), a new
+    top-level statement after a blank line (at indentation 0), a Markdown fence, or a whole line
+    that repeats one of the lines just ``above`` the cursor (llama.vim drops such suggestions).
+    Returns (index in ``buf`` where the answer ends, reason), or None."""
+    full = line + buf
+    block, blank, start = None, False, 0
+    for n, ln in enumerate(full.split("\n")):
+        end = start + len(ln)
+        complete = end < len(full) or final
+        body = ln.lstrip(" \t").rstrip()
+        if not body:
+            blank = blank or n > 0
+        elif block is None:
+            block, blank = len(ln) - len(ln.lstrip(" \t")), False
+        else:
+            indent = len(ln) - len(ln.lstrip(" \t"))
+            reason = ("block" if indent < block or (blank and indent == 0 == block) or body.startswith(FENCE)
+                      else "repeat" if complete and len(body) >= MIN_REPEAT and body.strip() in above else None)
+            if reason:  # the answer ends with the last line before it that has content
+                return max(0, len(full[:start].rstrip(" \t\r\n")) - len(line)), reason
+            blank = False
+        start = end + 1
+    return None
+
+
+def _line_hold(buf: str, above: tuple[str, ...]) -> int:
+    """How much of ``buf``'s end to hold back until its last line shows whether it ends the answer
+    (``_block_cut``): blank lines and a line's indentation, and a line that may repeat one above."""
+    nl = buf.rfind("\n")
+    if nl < 0:
+        return 0
+    body = buf[nl:].strip()
+    if body and not FENCE.startswith(body[:3]) and not any(a.startswith(body) for a in above):
+        return 0
+    return len(buf) - len(buf[:nl].rstrip(" \t\r\n"))
 
 
 def _nth_line_end(buf: str, n: int) -> int | None:

@@ -81,6 +81,10 @@ class Model(Handle):
     def is_eog(self, token: int) -> bool:
         return bool(lib.llama_vocab_is_eog(self.vocab, token))
 
+    def is_control(self, token: int) -> bool:
+        """A special token (FIM and chat markers, ends): never text of an answer."""
+        return bool(lib.llama_vocab_is_control(self.vocab, token))
+
     # -- tokens ---------------------------------------------------------
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         """Tokenize text without adding BOS. ``special`` parses control-token texts."""

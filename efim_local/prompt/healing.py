@@ -1,16 +1,23 @@
-"""Token healing for models that were not fragment-trained.
+"""Token healing: the typed text's last tokens are backed off and generation spells them out again.
 
-The text before the cursor usually ends inside a word, so its last token is a
-piece no tokenizer would produce there. Healing backs that token off and
-constrains the first generated token(s) to spell the removed text out again
-and continue it: the model chooses the tokenization itself.
+The text before the cursor was tokenized without what follows it, so its last tokens are often ones
+no tokenizer would produce there: a partial word (``retur``), a space that belongs to the next word
+(``= `` then `` len``), indentation the next line's first token would extend, an operator or a quote
+that merges with what follows (``(`` into ``()``, ``"`` into ``\"\"\"``), a partial UTF-8 character.
+A model never saw those boundaries in training, and its answer suffers (a second space, the rest of
+a word skipped). Healing backs off every trailing token that could have merged with the text after
+it (:func:`backoff`), and constrains the first generated tokens to spell the removed bytes out again
+(:meth:`Healer.allowed`): the model chooses the tokenization itself.
 """
 
 from __future__ import annotations
 
 import bisect
+from typing import Sequence
 
 import numpy as np
+
+MAX_BACKOFF = 4  # tokens: a partial identifier spans 2-3 tokens; more costs a keystroke's time for little
 
 
 class Healer:
@@ -26,16 +33,33 @@ class Healer:
         for p, i in order:
             self.by_piece.setdefault(p, []).append(i)
 
+    @classmethod
+    def of_model(cls, model) -> "Healer":
+        """The index of a model's vocabulary (it reads every token's bytes: build it once)."""
+        return cls([model.piece(t) for t in range(model.n_vocab)])
+
     def allowed(self, r: bytes) -> np.ndarray:
         lo = bisect.bisect_left(self.keys, r)
         hi = bisect.bisect_left(self.keys, r + b"\xff" * 8)  # every key starting with r sorts before this
         prefixes = [i for k in range(1, len(r)) for i in self.by_piece.get(r[:k], ())]
         return np.concatenate([self.ids[lo:hi], np.array(prefixes, dtype=np.int64)])
 
-    @staticmethod
-    def should_heal(piece: bytes) -> bool:
-        """Back off a token that ends in a word character (a word may go on)."""
-        return bool(piece) and (piece[-1:].isalnum() or piece[-1:] == b"_")
+    def extends(self, r: bytes) -> bool:
+        """Whether some token starts with ``r`` and goes on: text ending in ``r`` may merge with
+        what follows it into one token."""
+        i = bisect.bisect_right(self.keys, r)  # the first key after r itself
+        return i < len(self.keys) and self.keys[i].startswith(r)
+
+    def backoff(self, pieces: Sequence[bytes], limit: int = MAX_BACKOFF) -> int:
+        """How many of the trailing ``pieces`` (the typed text's tokens) to back off: the most, up to
+        ``limit``, whose joint text some token extends (each one more is still a token's start)."""
+        k, r = 0, b""
+        while k < min(limit, len(pieces)):
+            joint = pieces[-1 - k] + r
+            if not joint or not self.extends(joint):
+                break
+            k, r = k + 1, joint
+        return k
 
 
 def pick(logits: np.ndarray, allowed: np.ndarray) -> int:

@@ -9,7 +9,7 @@ Resolution order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 from ..errors import TemplateError
@@ -111,6 +111,17 @@ def resolve(vocab: Vocab, family: str | None = None, text: TextTemplate | None =
     stops = frozenset(v for k, v in fim.items() if k in ("pad", "rep", "sep") and v is not None)
     markers = Markers((fim["pre"],), (fim["suf"],), mid, parse_order(order or ("psm" if mid else "spm")), vocab.bos)
     return Template(markers, stops, (), "gguf")
+
+
+def with_special_texts(template: Template, piece: Callable[[int], bytes], extra: tuple[int, ...] = ()) -> Template:
+    """``template`` that also stops at the text of its marker and stop tokens (and ``extra``: the
+    model's end tokens) spelled out in plain tokens: a model that writes one has left the middle,
+    and an answer never shows one."""
+    m = template.markers
+    ids = sorted({*m.pre, *m.suf, *m.mid, *template.stop_tokens, *extra})
+    texts = [piece(i).decode("utf-8", "replace") for i in ids]
+    new = tuple(dict.fromkeys(t for t in texts if len(t) >= 5 and t not in template.stop_strings))
+    return replace(template, stop_strings=template.stop_strings + new)
 
 
 def parse_text_template(spec: str) -> TextTemplate:

@@ -284,6 +284,7 @@ def test_ghost_streams_in_and_accept_inserts(nv, relay, tmp_path):
 
     req = complete_requests(relay)[-1]["params"]
     assert "text" not in req and req["stream"] is True and req["position"] == {"line": 1, "character": 12}
+    assert "max_lines" not in req  # (unset: no limit; test_max_lines_goes_to_the_daemon)
     opened = relay.methods("didOpen")
     assert [m["params"]["path"] for m in opened] == [str(src)]
     marks = nv.marks()
@@ -302,6 +303,17 @@ def test_ghost_streams_in_and_accept_inserts(nv, relay, tmp_path):
     acc = wait_for(lambda: relay.methods("accepted"))
     assert acc[-1]["params"] == {"path": str(src), "id": str(rid), "text": text, "accepted": len(text)}
     assert not re.search(r"deprecated|Error|E\d+:", nv.messages()), nv.messages()
+
+
+@every_neovim
+def test_max_lines_goes_to_the_daemon(nv, relay, tmp_path):
+    """``max_lines`` is sent with each request, and the ghost has no more lines than that."""
+    src = tmp_path / "lines.py"
+    open_file(nv, src, "def f(x):\n\n", 'debounce_ms = 30, max_tokens = 24, max_lines = 1')
+    nv.api.input("A    y = x")
+    text = final_text(relay, nv)
+    assert complete_requests(relay)[-1]["params"]["max_lines"] == 1
+    assert len([ln for ln in text.split("\n") if ln.strip()]) <= 1
 
 
 @every_neovim

@@ -113,3 +113,35 @@ def test_finish_after_a_stop_adds_nothing(rules, data):
 def test_an_answer_stops_where_it_would_close_an_auto_paired_closer(closer, text, shown_):
     out, reason = shown(StopRules(closers=closer), [text.encode()])
     assert out == shown_ and reason == ("closer" if out != text else None)
+
+
+def answer(rules: StopRules, pieces: list[bytes]) -> tuple[str, str | None]:
+    s = TextStream(rules)
+    out = "".join(s.feed(p) for p in pieces)
+    out += s.finish()
+    assert out == s.text  # what was shown is the answer: nothing shown was taken back
+    return out, s.stop_reason
+
+
+def test_an_answer_ends_where_it_leaves_its_block_or_repeats_the_lines_above():
+    body = StopRules(max_tokens=64, line="    return sum(xs) / ", above=("def mean(xs):",))
+    # a new top-level function after the middle (an Instruct model running on)
+    assert answer(body, [b"len(xs)", b"\n\n", b"\n", b"def", b" median(xs):\n"]) == ("len(xs)", "block")
+    # a Markdown fence, and a line dedented below the block
+    assert answer(body, [b"len(xs)\n", b"```", b"\n"]) == ("len(xs)", "block")
+    loop = StopRules(max_tokens=64, line="        ", above=("for x in xs:",))
+    assert answer(loop, [b"total += x\n", b"        n += 1\n", b"    return total / n\n"]) == \
+        ("total += x\n        n += 1", "block")
+    # a line that repeats one of the lines just above the cursor
+    rep = StopRules(max_tokens=64, line="    ", above=("total = 0", "for x in xs:"))
+    assert answer(rep, [b"total += x\n", b"    for x in", b" xs:\n", b"        pass"]) == ("total += x", "repeat")
+    # nothing to cut: the block goes on, and the lines end where the model ends
+    assert answer(loop, [b"total += x\n", b"        n += 1"]) == ("total += x\n        n += 1", None)
+    top = StopRules(max_tokens=64, line="", above=())
+    assert answer(top, [b"import os\n", b"import sys\n"]) == ("import os\nimport sys\n", None)
+    assert answer(top, [b"import os\n", b"\n", b"def main():\n"]) == ("import os", "block")
+
+
+def test_blank_lines_and_indentation_wait_for_the_line_they_start():
+    s = TextStream(StopRules(max_tokens=64, line="    x = ", above=()))
+    assert s.feed(b"1\n") == "1" and s.feed(b"    ") == "" and s.feed(b"y = 2") == "\n    y = 2"

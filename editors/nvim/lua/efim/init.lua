@@ -19,6 +19,7 @@ local ns = vim.api.nvim_create_namespace("efim")
 local defaults = {
   socket = nil, -- default: $EFIM_SOCKET, else $XDG_RUNTIME_DIR/efim/efim.sock, else ~/.cache/efim/run/efim.sock
   max_tokens = 64,
+  max_lines = nil, -- the most lines a ghost may have (nil: as many as max_tokens gives)
   debounce_ms = 150,
   cursor_debounce_ms = 300, -- the cursor settled on another line: prefill the plan there (0: off)
   auto = true, -- request while typing; false: only on :EfimComplete
@@ -215,7 +216,7 @@ send_complete = function(req)
   req.entry = rpc.request("complete", function()
     local doc = sync.ensure(o.buf) -- (again) when retried on a new connection
     return { path = doc and doc.path or o.path, position = sync.position(o.buf, o.row, o.col),
-             max_tokens = M.config.max_tokens, stream = M.config.stream }
+             max_tokens = M.config.max_tokens, max_lines = M.config.max_lines, stream = M.config.stream }
   end, function(msg) on_result(req, msg) end, {
     on_partial = function(piece, id)
       if st.req ~= req then return end
