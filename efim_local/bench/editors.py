@@ -64,6 +64,7 @@ class Outcome:
     wait_ms: float | None = None  # round trip less the backend's own time: queueing and IPC
     source: str | None = None  # efim: computed, type-through, accept or cache (docs/protocol.md)
     text: str = ""  # the answer (efim; the simulated user of bench/user.py reads it)
+    pieces: list = field(default_factory=list)  # (time, text) of each piece streamed: the ghost as it grew
     total_ms: float | None = None  # the daemon's own time for it
 
 
@@ -102,8 +103,10 @@ class EfimEditor:
         from ..errors import Cancelled, InvalidParams
 
         def on_partial(msg: dict) -> None:
-            if out.t_first is None and msg.get("method") == "completion/partial" and msg["params"].get("text"):
-                out.t_first = time.perf_counter()
+            if msg.get("method") == "completion/partial" and msg["params"].get("text"):
+                out.pieces.append((time.perf_counter(), msg["params"]["text"]))
+                if out.t_first is None:
+                    out.t_first = out.pieces[-1][0]
 
         with Client(self.sock, timeout=600) as c:
             self.running[threading.get_ident()] = c
@@ -180,8 +183,10 @@ class InfillEditor:
                 if not raw.startswith(b"data: "):
                     continue
                 msg = json.loads(raw[6:])
-                if out.t_first is None and msg.get("content"):
-                    out.t_first = time.perf_counter()
+                if msg.get("content"):
+                    out.pieces.append((time.perf_counter(), msg["content"]))
+                    if out.t_first is None:
+                        out.t_first = out.pieces[-1][0]
                 if msg.get("stop"):
                     timings = msg.get("timings", {})
                     break

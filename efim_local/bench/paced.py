@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import random
 import threading
 import time
@@ -163,6 +164,8 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
     rows = []
     for f, o, since_open in zip(fired, outcomes, since):
         next_key = t0 + f.next_key_t
+        ghost = "".join(text for t, text in o.pieces if t <= next_key)  # what the user saw before typing on
+        typed = typed_next(trace_steps, f.step)
         ttft = (o.t_first - o.t_send) * 1e3 if o.t_first else None
         derived = (o.t_first_derived - o.t_send) * 1e3 if o.t_first_derived else None
         rows.append({"t": round(f.t, 3), "path": f.path, "since_open_s": since_open, "ttft_ms": ttft,
@@ -170,9 +173,39 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
                      "cancelled": o.cancelled,
                      "stale": o.t_first is None or o.t_first > next_key,  # no ghost before the next key
                      "evaluated": o.evaluated, "cached": o.cached, "reanchor": o.reanchor, "wait_ms": o.wait_ms,
-                     "source": o.source,
+                     "source": o.source, "useful": useful(ghost, typed), "ghost": ghost[:80], "typed_next": typed,
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
+
+
+USEFUL_CHARS = 4  # a ghost is useful when its first line matches this many characters the user typed next
+TYPED_PEEK = 80  # characters of what the user typed next kept per request
+
+
+def typed_next(trace_steps: list[Step], i: int) -> str:
+    """What the user typed at the cursor after step ``i``, until they moved elsewhere (an
+    auto-inserted closer, typed by the editor, is not the user's)."""
+    s0 = trace_steps[i]
+    cur, doc, out = s0.cursor, s0.doc, ""
+    for s in trace_steps[i + 1:]:
+        if s.path != s0.path or s.kind not in ("key", "over") or len(out) >= TYPED_PEEK:
+            break
+        if s.kind == "over":  # typed over a closer: the character under the cursor
+            out += doc[cur:cur + 1]
+        elif s.change is not None and s.change[0] == s.change[1] == cur and s.cursor > cur:
+            out += s.change[2][:s.cursor - cur]
+        else:
+            break
+        cur, doc = s.cursor, s.doc
+    return out[:TYPED_PEEK]
+
+
+def useful(ghost: str, typed: str) -> bool:
+    """Whether a ghost's first line matches what the user typed next for ``USEFUL_CHARS`` characters
+    (or all of that line, when it is shorter)."""
+    g, t = ghost.split("\n", 1)[0], typed.split("\n", 1)[0]
+    n = len(os.path.commonprefix([g, t]))
+    return n > 0 and n >= min(USEFUL_CHARS, len(t))
 
 
 SETTLED_S = 5.0  # seconds after a file opens from which its context counts as settled
@@ -182,9 +215,12 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
     ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
     s = {"backend": name, "requests": len(rows), "answered": len(ttft),
          "stale_frac": sum(r["stale"] for r in rows) / max(1, len(rows)),
+         "useful_frac": sum(bool(r.get("useful")) for r in rows) / max(1, len(rows)),
          "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95), "ttft_p99_ms": bu.pctl(ttft, 0.99),
          **_derived(rows),
-         "wait_p95_ms": bu.pctl([r["wait_ms"] for r in rows if r["wait_ms"] is not None], 0.95)}
+         "wait_p95_ms": bu.pctl([r["wait_ms"] for r in rows if r["wait_ms"] is not None], 0.95),
+         # prompt tokens evaluated per answered request (a keystroke's cost; healing backs off a few)
+         "evaluated_p50": bu.pctl([r["evaluated"] for r in rows if r["evaluated"] is not None], 0.5)}
     reasons = [r["reanchor"] for r in rows if r.get("reanchor")]
     if reasons:  # efim's answers that moved their anchor, by reason (auto-pairs must not be among them)
         s["reanchors"] = {k: reasons.count(k) for k in sorted(set(reasons))}

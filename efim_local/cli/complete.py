@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -53,6 +54,7 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
                 click.echo(f"efim: answered by the daemon on {out.pop('_socket')}", err=True)
                 say_context(out)
             out.pop("_socket", None)
+            say_empty(out, as_json)
             return emit({**out, "via": "daemon"}, as_json, out["text"] + "\n")
         why = "no daemon is running"
     else:
@@ -67,12 +69,30 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
     cfg = build_config(**model_kw)
     if no_cache:
         cfg = cfg.with_overrides(store=False)
+    if req.how.max_prompt_ms is None:  # one answer is awaited, and no keystroke follows: the whole plan
+        req = CompletionRequest.of(req.where, replace(req.how, max_prompt_ms=0.0))
     with open_engine(cfg) as engine:
         out = engine.complete(req).to_json()
         if verbose:
             say_context(out)
+        say_empty(out, as_json)
         emit({**out, "via": "in-process"}, as_json, out["text"] + "\n")
         sys.stdout.flush()  # the answer is out before the state is written (on close)
+
+
+def say_empty(out: dict, as_json: bool) -> None:
+    """An empty answer says so, and why (the model ended the middle at once, or a stop rule did):
+    on stderr, and in the JSON as ``empty``."""
+    if out.get("text"):
+        return
+    why = {"eog": "the model ended the middle at once", "max_tokens": "max_tokens allows no token"}.get(
+        out.get("stop_reason"), f"the answer stopped at once ({out.get('stop_reason')})")
+    c = out.get("context") or {}
+    hint = " (from a context reduced by the latency budget: --max-prompt-ms 0 uses all of it)" if c.get(
+        "reduced") else ""
+    out["empty"] = why + hint
+    if not as_json:
+        click.echo(f"efim: empty answer: {why}{hint}", err=True)
 
 
 def say_context(out: dict) -> None:

@@ -39,6 +39,29 @@ def test_verbose_says_the_path_and_the_context(src, tiny_model):
         f"efim: context {ctx['tokens']} of {ctx['full_tokens']} tokens (100%)"]  # a small file: nothing cut
 
 
+def test_one_shot_uses_the_whole_plan_unless_a_budget_is_given(tmp_path, tiny_model):
+    """In-process, one answer is awaited: no latency budget cuts its context unless one is asked for."""
+    big = tmp_path / "big.py"
+    big.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400)))
+    args = ["complete", str(big), "-l", "601", "-c", "5", "--model", str(tiny_model), "--max-tokens", "2", "--no-cache",
+            "--json"]  # (no saved state: it would make the whole plan cached, in budget)
+    conf = tmp_path / "config.toml"  # the daemon's budget, a tight one: not the one-shot's
+    conf.write_text("max_prompt_ms = 1\n")
+    whole = json.loads(efim_cli(*args, env={"EFIM_CONFIG": str(conf)}).stdout)["context"]
+    assert whole["full_tokens"] > 3000 and whole["share"] == 1.0 and not whole["reduced"]
+    r = efim_cli(*args[:-1], "--max-prompt-ms", "1", "-v")
+    assert r.returncode == 0 and "reduced by the latency budget" in r.stderr.decode()
+
+
+def test_an_empty_answer_says_so(src, tiny_model):
+    args = ["complete", str(src), "-l", "2", "-c", "12", "--model", str(tiny_model), "--max-tokens", "0"]
+    r = efim_cli(*args)
+    assert r.returncode == 0 and r.stdout == b"\n"
+    assert r.stderr.decode() == "efim: empty answer: max_tokens allows no token\n"
+    out = json.loads(efim_cli(*args, "--json").stdout)
+    assert out["text"] == "" and out["empty"] == "max_tokens allows no token"
+
+
 def test_complete_stdin_matches_file(src, tiny_model):
     args = ["--line", "2", "--column", "5", "--model", str(tiny_model), "--json", "--max-tokens", "6"]
     a = json.loads(efim_cli("complete", str(src), *args).stdout)

@@ -34,3 +34,14 @@ def test_pacing_defaults_and_debounce():
         assert math.isclose(f.t, s.t + pacing.debounce_s) and f.next_key_t - s.t > pacing.debounce_s
         assert (f.doc, f.cursor) == (s.doc, s.cursor)
     assert len(paced.requests(st, limit=10)) == 10
+
+
+def test_what_the_user_typed_next_and_a_useful_ghost():
+    st = paced.steps([Commit("f.py", "sha", "subject", BEFORE, AFTER)])
+    start = next(i for i, s in enumerate(st) if s.kind == "key" and s.doc.endswith("y = \n    return x\n")
+                 or s.kind == "key" and s.doc[s.cursor - 4:s.cursor] == "y = ")
+    typed = paced.typed_next(st, start)
+    assert typed.startswith("g(x, [1])")  # the closers typed over count once, the auto-inserted ones not
+    assert paced.useful("g(x, [1])\n", typed) and paced.useful("g(x, y)", typed)
+    assert not paced.useful("f(x)", typed) and not paced.useful("", typed) and not paced.useful("g(", typed)
+    assert paced.useful("x", "x\n") and not paced.useful("anything", "")
