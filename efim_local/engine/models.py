@@ -23,6 +23,25 @@ def resolve_model(cfg: Config) -> Path:
     return Path(cfg.model).expanduser() if cfg.model else default_model()
 
 
+def describe(model) -> str:
+    """One line on a model: its name, architecture, parameter count and weight type. llama.cpp's own
+    description rounds the count to a size class (Qwen2.5-Coder-0.5B is "qwen2 1B"): the GGUF's
+    ``general.size_label`` says what its makers call it."""
+    arch, _, rest = model.description().partition(" ")
+    size, _, kind = rest.partition(" ")
+    size = model.meta("general.size_label") or (size if "?" not in size else _count(model.n_params))
+    name = model.meta("general.name")
+    return f"{name + ': ' if name else ''}{arch}, {size} parameters, {kind}".rstrip(", ")
+
+
+def _count(n: int) -> str:
+    """A parameter count as its makers write it: 2.4M, 494M, 1.5B."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2g}{unit}" if n < 10 * scale else f"{n / scale:.0f}{unit}"
+    return str(n)
+
+
 # The defaults come from the sub-token evaluation (scripts/eval_subtoken.py, docs/models.md,
 # "Choosing the layout"): every kind of model continues a partial word best with EFIM (the typed text
 # after the middle marker) and token healing, and EFIM never recomputes the suffix while one types.

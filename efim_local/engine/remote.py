@@ -25,7 +25,7 @@ from .decode import ends
 from .engine import Engine, make_planner
 from .files import Files
 from .instant import Instant, model_key
-from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
+from .models import KIND_FRAGMENT, choose_heal, choose_layout, describe, model_kind
 from .pace import Pace
 from .slots import SlotManager
 from .speed import PrefillSpeed
@@ -103,7 +103,7 @@ class RemoteEngine(Engine):
         pass
 
     def status(self) -> dict:
-        return {"model": str(self.model.path), "description": self.model.description(), "vocab_only": True,
+        return {"model": str(self.model.path), "description": describe(self.model), "vocab_only": True,
                 "layout": self.default_layout, "layout_reason": self.layout_reason,
                 "heal": self.default_heal, "heal_reason": self.heal_reason, "template": self.template.source,
                 "n_slots": 0, "n_ctx_seq": self.config.context.n_ctx_seq, "slots": [], "store": None,

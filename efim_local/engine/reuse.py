@@ -11,6 +11,7 @@ that the store counts.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,11 @@ from .files import Files
 from .slots import Slot, SlotManager
 
 RESTORE_MIN_GAIN = 32  # restore a saved state only if it saves at least this many tokens
+# Misses that count a problem (kv/events.py), with the cause said in the log (the file's name with it).
+PROBLEMS = {"corrupt": "its state file was bad and has been dropped (the line above says why)",
+            "tokenization_differs": "the same text was saved, planned into other tokens (an anchor that moved: "
+                                    "this version starts cold, its own state is saved)"}
+log = logging.getLogger("efim.kv")
 
 
 @dataclass
@@ -178,7 +184,10 @@ class Reuse:
                              shrunk=want_sparse and self.sparse is not None)
         m = found.match
         if m is None or m.n < n_common + RESTORE_MIN_GAIN:
-            store.record(Hit("slot") if tier == "slot" else Miss(found.miss_reason or "no_state"))
+            miss = Miss(found.miss_reason or "no_state")
+            if tier != "slot" and miss.reason in PROBLEMS:  # a counter that counts a problem says where, and why
+                log.warning("%s: no saved state restored: %s", path, PROBLEMS[miss.reason])
+            store.record(Hit("slot") if tier == "slot" else miss)
             return keep
         n = len(m.tokens) if self.swa else min(m.n, len(prompt) - 1)
         if n >= len(prompt):  # a whole sliding-window state as long as the prompt: nothing left to decode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..llama._lib import library_info
+from .models import describe
 
 
 def sparse_status(engine) -> str:
@@ -23,7 +24,7 @@ def engine_status(engine) -> dict:
     ctx = engine.config.context
     cores = engine.cores
     return {
-        "model": str(engine.model.path), "description": engine.model.description(), **library_info(),
+        "model": str(engine.model.path), "description": describe(engine.model), **library_info(),
         "layout": engine.default_layout, "layout_reason": engine.layout_reason,
         "heal": engine.default_heal, "heal_reason": engine.heal_reason,
         "fragment_trained": engine.fragment_trained,

@@ -220,7 +220,11 @@ class StateStore:
         for row, _ in self.index.candidates(tokens, self._model_hex, self._layout_hex, shrunk=shrunk):
             if row["id"] in self.bad:
                 continue
-            st = self._tokens_of(row)
+            tier = self._holder(row["id"], row["tier"])
+            if tier is None:  # a RAM row of another process (or a stale one): not ours, not corrupt
+                self._try("index update", self.index.remove, row["id"])
+                continue
+            st = self._tokens_of(tier, row["id"])
             if st is None:
                 saw_corrupt = True
                 continue
@@ -246,15 +250,12 @@ class StateStore:
             return "evicted"
         return "no_state"
 
-    def _tokens_of(self, row: dict) -> np.ndarray | None:
-        tier = self._holder(row["id"], row["tier"])
-        if tier is None:  # a RAM row of another process (or a stale one)
-            self._try("index update", self.index.remove, row["id"])
-            return None
+    def _tokens_of(self, tier: Tier, state_id: str) -> np.ndarray | None:
+        """A state's tokens; None if its file is bad (then it is dropped, with a warning)."""
         try:
-            return tier.tokens(row["id"])
+            return tier.tokens(state_id)
         except (StateFileError, OSError) as e:
-            self._drop_bad(row["id"], e)
+            self._drop_bad(state_id, e)
             return None
 
     def load(self, match: Match, n_tokens: int) -> bytes | None:

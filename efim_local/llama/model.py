@@ -50,6 +50,7 @@ class Model(Handle):
         self.n_layer = lib.llama_model_n_layer(ptr)
         self.n_ctx_train = lib.llama_model_n_ctx_train(ptr)
         self.n_swa = lib.llama_model_n_swa(ptr)
+        self.n_params = lib.llama_model_n_params(ptr)
         self.add_bos = bool(lib.llama_vocab_get_add_bos(self.vocab))
         bos = lib.llama_vocab_bos(self.vocab)
         self.bos: tuple[int, ...] = (bos,) if self.add_bos and bos >= 0 else ()

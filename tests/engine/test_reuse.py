@@ -1,5 +1,7 @@
 """The reuse seam: typed hit and miss events, counted by the store and reported."""
 
+import os
+
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.kv import StoreConfig
 
@@ -8,8 +10,9 @@ from ..helpers import small_config
 DOC = "import os\n\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):\n        yield root\n" * 12
 
 
-def test_same_text_planned_into_other_tokens_is_a_tokenization_miss(tmp_path, tiny_model):
-    """The content hash saved with each state tells 'tokenization_differs' from 'no_state'."""
+def test_same_text_planned_into_other_tokens_is_a_tokenization_miss(tmp_path, tiny_model, caplog):
+    """The content hash saved with each state tells 'tokenization_differs' from 'no_state', and the
+    log says which file, and why."""
     sc = StoreConfig(tmp_path / "kv", ram_mb=0, disk_mb=64, min_tokens=16)
     cur = DOC.index("yield")
     with Engine(small_config(), tiny_model, store=sc) as e:  # the GGUF's FIM tokens
@@ -22,6 +25,25 @@ def test_same_text_planned_into_other_tokens_is_a_tokenization_miss(tmp_path, ti
         assert other.cache_tier == "none"
         misses = e.store.stats()["misses"]
         assert misses["tokenization_differs"] == 1 and misses["no_state"] == 2, misses
+    said = [r.getMessage() for r in caplog.records if "no saved state restored" in r.getMessage()]
+    assert said == ["walk.py: no saved state restored: the same text was saved, planned into other tokens (an "
+                    "anchor that moved: this version starts cold, its own state is saved)"]
+
+
+def test_a_state_in_another_process_ram_is_no_corrupt_state(tmp_path, tiny_model, caplog):
+    """Two processes share a store (a daemon and `efim complete --no-daemon`): a row of the other's
+    RAM tier is not a corrupt file (counted as one before, with no log line to say why)."""
+    sc = StoreConfig(tmp_path / "kv", ram_mb=64, disk_mb=64, min_tokens=16)
+    cur = DOC.index("yield")
+    with Engine(small_config(), tiny_model, store=sc) as a:
+        a.complete(CompletionRequest(DOC, cur, path="a.py"))
+        a.flush()  # its state in its RAM tier, and in the index the two share
+        with a.store.index.db.conn:  # as another process's (alive: this test's parent) RAM row
+            a.store.index.db.execute("UPDATE states SET owner = ? WHERE tier = 'ram'", [os.getppid()])
+        with Engine(small_config(), tiny_model, store=sc) as b:
+            b.complete(CompletionRequest(DOC, cur, path="a.py"))
+            assert b.store.stats()["misses"]["corrupt"] == 0
+    assert "corrupt" not in caplog.text
 
 
 def test_hits_per_tier_are_counted_and_reported(tmp_path, tiny_model):
