@@ -42,6 +42,7 @@ LAYOUTS = ("fim", "fim+heal", "efim", "efim+heal", "default")
 CLASSES = ("nothing", "whitespace", "punctuation", "word")
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "human-eval-infilling"
 BOOT = 2000  # bootstrap resamples
+SAVE_EVERY = 25  # tasks between saves of the rows so far (a long run stopped early keeps them)
 SPECIAL = ("<|", "|>", "<fim_", "<PRE>", "<SUF>", "<MID>", "<EOT>")  # marker text that never belongs in a hole
 
 
@@ -136,7 +137,12 @@ def run(cfg: QualityConfig, log=print) -> dict:
         runs, default_is = _layouts(e)
         rows = {k: [] for k in runs}
         tok = e.model.tokenize
-        for task in tqdm(tasks, desc=f"quality {cfg.set} ({cfg.protocol})", disable=log is None):
+        label = Path(str(cfg.model)).stem
+        name = f"quality-{label}-{cfg.set}-{cfg.protocol}"
+        for n, task in enumerate(tqdm(tasks, desc=f"quality {cfg.set} ({cfg.protocol})", disable=log is None)):
+            if n and n % SAVE_EVERY == 0:
+                bu.save(name, {"config": {k: str(v) for k, v in vars(cfg).items()}, "partial": n, "rows": rows},
+                        cfg.out)
             prompt, suffix, want = task["prompt"], task["suffix"], task["canonical_solution"]
             if cfg.protocol == "typed":
                 j = rng.randint(0, max(0, len(want.rstrip("\n")) - 1))
@@ -172,9 +178,8 @@ def run(cfg: QualityConfig, log=print) -> dict:
     summary = summarize(rows, cfg.seed)
     summary.update(status, default_is=default_is, set=cfg.set, protocol=cfg.protocol, tasks=len(tasks),
                    max_tokens=max_tokens)
-    label = Path(str(cfg.model)).stem
-    path = bu.save(f"quality-{label}-{cfg.set}-{cfg.protocol}", {"config": {k: str(v) for k, v in vars(cfg).items()},
-                                                                  "summary": summary, "rows": rows}, cfg.out)
+    path = bu.save(name, {"config": {k: str(v) for k, v in vars(cfg).items()}, "summary": summary, "rows": rows},
+                   cfg.out)
     summary["json"] = str(path)
     if log is not None:
         log(report(summary))

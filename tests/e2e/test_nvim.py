@@ -501,7 +501,8 @@ def test_typing_the_suggestion_keeps_the_ghost_and_tab_inserts_the_rest(nv, rela
 @every_neovim
 def test_info_line_and_mid_line_position(nv, relay, tmp_path):
     """info = true: latency, tokens evaluated and cache tier after the ghost; a ghost in the
-    middle of a line is inline (Neovim 0.10+) or at the end of the line (older)."""
+    middle of a line is inline (Neovim 0.10+) or at the end of the line (older: if it is one word;
+    a longer one would read as garbage there, and none is drawn)."""
     src = tmp_path / "i.py"
     src.write_text("print()\n")
     nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4, info = true })')
@@ -509,11 +510,18 @@ def test_info_line_and_mid_line_position(nv, relay, tmp_path):
     nv.api.current.window.cursor = (1, 6)
     nv.api.input("ix")
     assert nv.api.current.line == "print(x)" or wait_for(lambda: nv.api.current.line == "print(x)")
+    inline = nv.api.funcs.has("nvim-0.10")
+    rid = wait_for(lambda: complete_requests(relay) and complete_requests(relay)[-1]["id"])
+    answer = wait_for(lambda: relay.result_of(rid))["result"]["text"]
+    if not inline and any(c.isspace() for c in answer):  # older Neovim: mid-line, one word or nothing
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            assert not nv.visible() and not nv.marks()
+        return
     text = final_text(relay, nv)
     reply = relay.result_of(complete_requests(relay)[-1]["id"])["result"]
     marks = nv.marks()
     mark = next(m for m in marks if m[1:3] == [0, 7])
-    inline = nv.api.funcs.has("nvim-0.10")
     assert mark[3]["virt_text_pos"] == ("inline" if inline else "eol")
     if inline and "\n" not in text:  # the info goes after the code line, not inside it (issue 27)
         assert len(marks) == 2 and all("efim " not in c[0] for c in mark[3]["virt_text"]), marks

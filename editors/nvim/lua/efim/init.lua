@@ -131,6 +131,13 @@ local function show(o, text, res, chain)
     opts.virt_text_pos = "inline"
   else
     local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
+    -- Before 0.10 a ghost in the middle of a line can only be drawn after the line's end, where
+    -- more than one word reads as garbage (`name.st.split()).lower() rip()`): one word only.
+    if o.col < #line and (#lines > 1 or text:find("%s")) then
+      if st.ghost then M.dismiss() end
+      vim.api.nvim_buf_clear_namespace(o.buf, ns, 0, -1)
+      return
+    end
     opts.virt_text_pos = (o.col >= #line) and "overlay" or "eol"
   end
   if #lines > 1 then
