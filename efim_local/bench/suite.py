@@ -16,7 +16,7 @@ EXTRA_PARTS = ("context", "quality")  # only when asked for: a paced replay then
 
 @dataclass
 class SuiteConfig:
-    model: str = "gemma"  # 'gemma', 'default' or a GGUF path
+    model: str = "gemma"  # 'gemma', 'qwen0.5b', 'qwen1.5b', 'default' or a GGUF path
     quick: bool = False
     parts: tuple[str, ...] = PARTS
     server: Path = peers.SERVER_BIN
@@ -84,7 +84,8 @@ def run(cfg: SuiteConfig, log=print) -> dict:
         res["restore"] = restore.run(cfg.model, model, template, [2048] if q else [1024, 4096, 8192],
                                      repeat=1 if q else 3)
         log(bu.table(res["restore"], list(res["restore"][0])) + "\n")
-    name = f"bench-{Path(cfg.model).stem if cfg.model not in ('gemma', 'default') else cfg.model}" + \
+    named = cfg.model in ('gemma', 'default', *bu.REAL_MODELS)
+    name = f"bench-{cfg.model if named else Path(cfg.model).stem}" + \
         ("-quick" if q else "") + (f"-{Path(cfg.trace).name.split('.')[0]}" if cfg.trace else "")
     cfg.out.mkdir(parents=True, exist_ok=True)
     res["json"] = str(bu.save(name, res, cfg.out))

