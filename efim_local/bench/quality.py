@@ -138,10 +138,10 @@ def run(cfg: QualityConfig, log=print) -> dict:
         rows = {k: [] for k in runs}
         tok = e.model.tokenize
         label = Path(str(cfg.model)).stem
-        name = f"quality-{label}-{cfg.set}-{cfg.protocol}"
+        saved_as = f"quality-{label}-{cfg.set}-{cfg.protocol}"
         for n, task in enumerate(tqdm(tasks, desc=f"quality {cfg.set} ({cfg.protocol})", disable=log is None)):
             if n and n % SAVE_EVERY == 0:
-                bu.save(name, {"config": {k: str(v) for k, v in vars(cfg).items()}, "partial": n, "rows": rows},
+                bu.save(saved_as, {"config": {k: str(v) for k, v in vars(cfg).items()}, "partial": n, "rows": rows},
                         cfg.out)
             prompt, suffix, want = task["prompt"], task["suffix"], task["canonical_solution"]
             if cfg.protocol == "typed":
@@ -178,7 +178,7 @@ def run(cfg: QualityConfig, log=print) -> dict:
     summary = summarize(rows, cfg.seed)
     summary.update(status, default_is=default_is, set=cfg.set, protocol=cfg.protocol, tasks=len(tasks),
                    max_tokens=max_tokens)
-    path = bu.save(name, {"config": {k: str(v) for k, v in vars(cfg).items()}, "summary": summary, "rows": rows},
+    path = bu.save(saved_as, {"config": {k: str(v) for k, v in vars(cfg).items()}, "summary": summary, "rows": rows},
                    cfg.out)
     summary["json"] = str(path)
     if log is not None:

@@ -6,7 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from efim_local.bench import peers, replay
+import pytest
+
+from efim_local.bench import peers, quality, replay
 
 
 def test_replay_through_efim_daemons(tiny_model, tmp_path):
@@ -60,3 +62,21 @@ def test_the_bench_daemon_runs_the_bench_code_whatever_the_directory(tiny_model,
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_the_quality_part_scores_each_layout_on_humaneval(tiny_model, tmp_path):
+    """`efim bench --only quality`: every layout answers every task (the generated programs run in a
+    subprocess), the default is not run twice, and the paired intervals come per class."""
+    from tests.helpers import efim_cli
+
+    if not quality.DATA.is_dir():
+        pytest.skip(f"no HumanEval-infilling data at {quality.DATA}")
+    r = efim_cli("bench", "--model", str(tiny_model), "--only", "quality", "--requests", "3", "--out", str(tmp_path),
+                 "--json")
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    q = json.loads(r.stdout)["quality"]
+    assert [row["layout"] for row in q["layouts"]] == ["fim", "fim+heal", "efim", "efim+heal", "default"]
+    assert q["default_is"] == "efim+heal" and all(row["tasks"] == 3 for row in q["layouts"])
+    assert {d["metric"] for d in q["paired"]} == {"exact", "pass"} and q["paired"][0]["typed last"] == "all"
+    saved = json.loads(Path(q["json"]).read_text())
+    assert len(saved["rows"]["fim"]) == 3 and {"exact", "pass", "class", "answer"} <= set(saved["rows"]["fim"][0])
