@@ -70,11 +70,12 @@ def load_tasks(name: str, limit: int = 0, data: Path = DATA) -> list[dict]:
     return tasks[:limit] if limit else tasks
 
 
-def typed_class(typed: str) -> str:
-    """What the user typed last: nothing, whitespace, punctuation or a word character."""
-    if not typed:
+def typed_class(before: str) -> str:
+    """What the user typed last, from the text before the cursor: nothing on the cursor's line yet,
+    whitespace, punctuation or a word character."""
+    if not before or before[-1] == "\n":
         return "nothing"
-    c = typed[-1]
+    c = before[-1]
     return "whitespace" if c.isspace() else "word" if c.isalnum() or c == "_" else "punctuation"
 
 
@@ -167,7 +168,7 @@ def run(cfg: QualityConfig, log=print) -> dict:
                 key = (path, hole)
                 if key not in pass_cache:
                     pass_cache[key] = passes(task, hole)
-                rows[name].append({"task": path, "class": typed_class(typed), "typed": typed[-40:],
+                rows[name].append({"task": path, "class": typed_class(doc[:cursor]), "typed": typed[-40:],
                                    "exact": hole.strip() == want.strip(), "pass": pass_cache[key],
                                    "reason": out.stop_reason, "generated": out.tokens.generated,
                                    "special": any(s in out.text for s in SPECIAL), "answer": out.text[:300]})

@@ -6,8 +6,8 @@ from efim_local.bench import quality
 
 
 def test_what_the_user_typed_last():
-    assert [quality.typed_class(t) for t in ("", "x = ", "f(", "retur", "a_", "\t")] == \
-        ["nothing", "whitespace", "punctuation", "word", "word", "whitespace"]
+    assert [quality.typed_class(t) for t in ("", "x\n", "x = ", "f(", "retur", "a_", "\t")] == \
+        ["nothing", "nothing", "whitespace", "punctuation", "word", "word", "whitespace"]
 
 
 def test_paired_interval_of_a_difference():
