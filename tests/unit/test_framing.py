@@ -94,7 +94,22 @@ def test_parse_never_fails_with_anything_but_an_efim_error(data):
 def test_frames_are_one_utf8_json_line(frame, obj):
     assert frame.endswith(b"\n") and frame.count(b"\n") == 1
     assert json.loads(frame.decode("utf-8")) == obj
-    assert "ü".encode() in frame or "日".encode() in frame or frame.isascii()  # not \u-escaped
+    # Not \u-escaped: each character beyond ASCII is in the frame as its UTF-8 bytes.
+    wide = {ch for ch in json.dumps(obj, ensure_ascii=False) if ord(ch) > 127}
+    assert b"\\u" not in frame and all(ch.encode() in frame for ch in wide)
+
+
+def strict(frame: bytes):
+    """JSON as a browser's JSON.parse reads it: NaN and Infinity are not numbers there."""
+    return json.loads(frame, parse_constant=lambda name: pytest.fail(f"{name} in {frame!r}"))
+
+
+def test_a_number_that_is_not_finite_goes_out_as_null():
+    """Issue 38: a NaN from a server's timings made a reply that JSON.parse refuses."""
+    nan, inf = float("nan"), float("inf")
+    out = strict(framing.reply(1, {"ms": nan, "t": [inf, 1.5, {"x": -inf}], "n": 3, "s": "NaN"}))
+    assert out["result"] == {"ms": None, "t": [None, 1.5, {"x": None}], "n": 3, "s": "NaN"}
+    assert strict(framing.notification("p", {"a": (nan, "é\ud800")}))["params"] == {"a": [None, "é\ud800"]}
 
 
 def test_a_written_request_parses_back():
