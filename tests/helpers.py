@@ -319,6 +319,8 @@ class HostileServer:
         "not_json": b"data: {content: x}\n\n",
         "error_event": [{"error": {"message": "the server broke\n" + "x" * 5000}}],
         "truncated": [{"content": "x", "tokens": [1]}, None],
+        "endless": "endless",  # text events without ids, as fast as they go, forever
+        "long_text": [{"content": "x" * 100_000, "tokens": [1]}],
         "truncated_json": b'data: {"content": "x", "tok',
         "ping_drip": "ping",  # ": ping" every PING seconds, forever
         "byte_drip": "drip",  # an event's bytes one at a time, never its end
@@ -403,6 +405,10 @@ def _hostile_handler(srv: HostileServer):
                     self.wfile.write(b'data: {"content": "')
                 while not srv.stop.wait(srv.PING):
                     self.wfile.write({"ping": b": ping\n\n", "drip": b"x"}.get(what, b""))
+                return
+            if what == "endless":
+                while not srv.stop.is_set():
+                    self._send({"content": "x"})
                 return
             if isinstance(what, bytes):
                 return self.wfile.write(what)

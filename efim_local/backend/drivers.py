@@ -22,6 +22,7 @@ from .wire import Replica, ReplicaError
 MAX_SLOTS = 4096  # slots a server may say it runs (the slot map scans them on each request)
 MAX_MS = 3_600_000.0  # a server time past an hour is not a time
 MAX_TOKENS = 1 << 24  # tokens a restored slot file may hold (more than any context)
+MAX_PIECE = 1024  # characters of one token's text (a vocabulary's longest pieces have a few hundred bytes)
 
 
 @dataclass(frozen=True)
@@ -130,17 +131,25 @@ def _ids(v, b: Bounds) -> list[int]:
 
 
 class Reader:
-    """One stream's events, parsed by its driver and checked against ``bounds``; the ids of all its
-    events count together (ReplicaError ``protocol`` on anything else)."""
+    """One stream's events, parsed by its driver and checked against ``bounds`` (ReplicaError
+    ``protocol`` on anything else). The events of a stream count together: each that carries text is
+    at least one token (an OpenAI stream names none), and a token's text is at most ``MAX_PIECE``
+    characters, so a server that streams on and on fails at once, not at the deadline."""
 
     def __init__(self, driver, bounds: Bounds):
-        self.driver, self.bounds, self.n_ids = driver, bounds, 0
+        self.driver, self.bounds = driver, bounds
+        self.n_ids = self.n_tokens = self.n_chars = 0
 
     def __call__(self, msg) -> Chunk:
         c = self.driver.parse(msg, self.bounds)
+        most = self.bounds.most
         self.n_ids += len(c.ids)
-        if self.n_ids > self.bounds.most:
-            raise bad(f"{self.n_ids} token ids for {self.bounds.most} asked")
+        self.n_tokens += max(len(c.ids), bool(c.text))
+        self.n_chars += len(c.text)
+        if self.n_tokens > most:
+            raise bad(f"{self.n_tokens} tokens for {most} asked")
+        if self.n_chars > MAX_PIECE * most:
+            raise bad(f"{self.n_chars} characters of text for {most} tokens")
         return c
 
 
