@@ -169,9 +169,13 @@ def python_prose(path: Path) -> str:
         return ""
     parts = [t.string for t in tokenize.generate_tokens(io.StringIO(src).readline)
              if t.type == tokenize.COMMENT] if re.search(r"#.*efim_local", src) else []
-    for node in ast.walk(ast.parse(src)):
+    todo = [ast.parse(src)]
+    while todo:  # (statement lists only: a docstring belongs to a module, class or function, all statements)
+        node = todo.pop()
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             parts.append(ast.get_docstring(node) or "")
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            todo.extend(getattr(node, field, None) or ())
     return "\n".join(parts)
 
 
