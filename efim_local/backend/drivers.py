@@ -187,8 +187,8 @@ class LlamaServer:
         if stop:
             t = _obj(msg.get("timings"), "timings")
             c.final, c.stop = True, _name(msg.get("stop_type"), "stop_type")
-            c.cached, c.evaluated = _count(t.get("cache_n"), b.n_prompt, "cache_n"), _count(
-                t.get("prompt_n"), b.n_prompt, "prompt_n")
+            c.cached = _count(t.get("cache_n"), b.n_prompt, "cache_n")
+            c.evaluated = _count(t.get("prompt_n"), b.n_prompt, "prompt_n")
             c.generated = _count(t.get("predicted_n"), b.most, "predicted_n")
             c.prompt_ms = _ms(t.get("prompt_ms"), "prompt_ms")
         return c
