@@ -43,7 +43,8 @@ RULES = {name: Options.rule(name) for name in REQUEST_DEFAULTS} | {
     "sparse_budget": _rule(float, 0, 1), "sparse_min_tokens": _rule(int, 0, 1 << 21),
     "sparse_alpha": _rule(float, 0, 1000), "sparse_shrink_to": _rule(float, 0, 1),
     "backend_api": _rule(str, choices=("llama-server", "openai")), "backend_model": _rule(str),
-    "api_key": _rule(str), "local_fallback": _rule(bool), "repo_context": _rule(bool),
+    "api_key": _rule(str), "local_fallback": _rule(bool), "backend_timeout_ms": _rule(float, 100, 3_600_000),
+    "repo_context": _rule(bool),
 }
 
 
@@ -180,6 +181,7 @@ class Config:
     backend_model: str = "default"  # the model name an OpenAI-compatible server wants
     api_key: str | None = None  # sent as a Bearer token; EFIM_API_KEY overrides it; never printed
     local_fallback: bool = False
+    backend_timeout_ms: float = 120_000.0  # a remote request's deadline: every replica it tries, every event
     # Repository context (docs/repo-context.md): the project's map and the definitions a file imports,
     # before its prefix in every plan of the file (a file in a git work tree). Off: file-only prompts.
     repo_context: bool = False

@@ -26,6 +26,7 @@ from efim_local.backend import Pool
 from efim_local.bench import team
 from efim_local.bench import util as bu
 from efim_local.bench.peers import LlamaServer
+from efim_local.llama import Model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +44,8 @@ ap.add_argument("--api-key", default=None)
 args = ap.parse_args()
 
 model, template = bu.bench_model(args.model)
+with Model(model, vocab_only=True) as vocab:
+    n_vocab = vocab.n_vocab  # the ids the server names are checked against it
 layouts = ("fim", "efim") if args.layout == "both" else (args.layout,)
 results, summaries = {}, []
 for layout in layouts:
@@ -53,7 +56,8 @@ for layout in layouts:
                                 text=True, check=True).stdout.split()[-1]
         server = LlamaServer(Path(binary), model, 4608, args.threads, parallel=args.users)
     try:
-        pool = Pool([args.url or server.url], args.api, args.api_key, args.server_model, read_timeout=3600)
+        pool = Pool([args.url or server.url], args.api, args.api_key, args.server_model, read_timeout=3600,
+                    n_vocab=n_vocab, timeout=3600)
         res = results[layout] = team.run_layout(pool, prompts, args.max_tokens)
     finally:
         if server is not None:

@@ -182,10 +182,11 @@ class Daemon:
     budget has tests of its own (tests/engine/test_budget.py, an injected speed). Token healing is
     off too (``heal = false``; its default has tests/engine/test_subtoken.py)."""
 
-    def __init__(self, tmp: Path, model: Path, *extra: str, budget_ms: float = 0.0):
+    def __init__(self, tmp: Path, model: Path, *extra: str, budget_ms: float = 0.0, config: str = ""):
+        """``config``: more config.toml lines (after the defaults above, which they may not repeat)."""
         self.sock = tmp / "run" / "efim.sock"
         tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / "config.toml").write_text(f"max_prompt_ms = {budget_ms}\nheal = false\n")
+        (tmp / "config.toml").write_text(f"max_prompt_ms = {budget_ms}\nheal = false\n{config}")
         self.env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"),
                         EFIM_CONFIG=str(tmp / "config.toml"))
         self.args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(self.sock),
@@ -286,3 +287,135 @@ def llama_server_binary() -> Path | str:
     if path is None or not path.is_file():
         return f"llama-server could not be built ({script}): {r.stderr.strip()[-300:]}"
     return path
+
+
+# -- a team server that answers badly (issue 38) ------------------------------------------------
+class HostileServer:
+    """A fake llama-server on a loopback port whose ``/completion`` answers as ``mode`` says: ``ok``
+    streams ``answer`` (``(text, id)`` pairs) and its timings as llama-server does (a whole JSON body
+    when the request does not stream: a healed token's grammar call); every other mode of ``MODES``
+    breaks the protocol one way. ``props`` is what ``GET /props`` answers; ``bodies`` the requests."""
+
+    # name -> what it sends after the headers of an event stream: events (None: the connection
+    # closes there; else a final event follows), raw bytes (then it closes), or a slow way
+    MODES = {
+        "negative_id": [{"content": "x", "tokens": [-1]}],
+        "negative_id_5": [{"content": "x", "tokens": [-5]}],
+        "huge_id": [{"content": "x", "tokens": [1 << 40]}],
+        "vocab_id": "n_vocab",  # the first id past the vocabulary
+        "bool_id": [{"content": "x", "tokens": [True]}],
+        "list_event": [[1, 2, 3]],
+        "string_event": ["error"],
+        "content_int": [{"content": 12345}],
+        "tokens_dict": [{"content": "x", "tokens": {"a": 1}}],
+        "timings_list": [{"content": "", "stop": True, "timings": [1, 2]}],
+        "stop_string": [{"content": "", "stop": "yes"}],
+        "negative_cache": [{"content": "", "stop": True, "timings": {"cache_n": -50, "prompt_n": 3}}],
+        "huge_counts": [{"content": "", "stop": True,
+                         "timings": {"cache_n": 0, "prompt_n": 10 ** 12, "predicted_n": 10 ** 15}}],
+        "nan_timings": b'data: {"content": "", "stop": true, "timings": {"cache_n": 0, "prompt_ms": NaN}}\n\n',
+        "inf_timings": b'data: {"content": "", "stop": true, "timings": {"prompt_ms": Infinity}}\n\n',
+        "deep_json": b"data: " + b"[" * 100_000 + b"\n\n",
+        "not_json": b"data: {content: x}\n\n",
+        "error_event": [{"error": {"message": "the server broke\n" + "x" * 5000}}],
+        "truncated": [{"content": "x", "tokens": [1]}, None],
+        "endless": "endless",  # text events without ids, as fast as they go, forever
+        "long_text": [{"content": "x" * 100_000, "tokens": [1]}],
+        "truncated_json": b'data: {"content": "x", "tok',
+        "ping_drip": "ping",  # ": ping" every PING seconds, forever
+        "byte_drip": "drip",  # an event's bytes one at a time, never its end
+        "silent": "silent",  # the headers, then nothing
+    }
+    SLOW = ("ping_drip", "byte_drip", "silent")  # ended by the client's deadline only
+    PING = 0.2
+
+    def __init__(self, answer=(("x", 1),), n_vocab: int = 1 << 30):
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.mode, self.answer, self.n_vocab = "ok", list(answer), n_vocab
+        self.props: object = {"total_slots": 4}
+        self.bodies: list[dict] = []
+        self.stop = threading.Event()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _hostile_handler(self))
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _hostile_handler(srv: HostileServer):
+    import json
+    from http.server import BaseHTTPRequestHandler
+
+    def final(body, n):
+        return {"content": "", "stop": True, "stop_type": "limit",
+                "timings": {"cache_n": 0, "prompt_n": len(body["prompt"]), "predicted_n": n, "prompt_ms": 1.5}}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _json(self, obj, status=200):
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _events(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+
+        def _send(self, msg):
+            self.wfile.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self._json(srv.props) if self.path == "/props" else self._json({}, 404)
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if not self.path.startswith("/completion"):
+                return self._json({"error": "no slot files here"}, 501)
+            srv.bodies.append(body)
+            try:
+                self._answer(body, srv.mode, srv.MODES.get(srv.mode))
+            except OSError:  # the client gave up (its deadline): what a server sees
+                pass
+
+        def _answer(self, body, mode, what):
+            if mode == "ok":
+                answer = srv.answer[:max(1, body.get("n_predict") or 1)]
+                if not body.get("stream"):  # a grammar's call: one JSON answer
+                    return self._json({**final(body, len(answer)), "content": "".join(t for t, _ in answer),
+                                       "tokens": [i for _, i in answer]})
+                self._events()
+                for text, tid in answer:
+                    self._send({"content": text, "tokens": [tid]})
+                return self._send(final(body, len(answer)))
+            self._events()
+            if what in ("ping", "silent", "drip"):
+                if what == "drip":
+                    self.wfile.write(b'data: {"content": "')
+                while not srv.stop.wait(srv.PING):
+                    self.wfile.write({"ping": b": ping\n\n", "drip": b"x"}.get(what, b""))
+                return
+            if what == "endless":
+                while not srv.stop.is_set():
+                    self._send({"content": "x"})
+                return
+            if isinstance(what, bytes):
+                return self.wfile.write(what)
+            for msg in [{"content": "x", "tokens": [srv.n_vocab]}] if what == "n_vocab" else what:
+                if msg is None:
+                    return
+                self._send(msg)
+            self._send(final(body, 1))
+
+    return Handler

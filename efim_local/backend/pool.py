@@ -9,12 +9,16 @@
   (``take``) and, when nothing came for any call, waits briefly on the pool (``wait_any``). A call
   that fails over after some text went out resends the prompt to the next replica and skips the
   text already delivered.
+- Every event is parsed and checked (``drivers.Reader``) before it is queued: a reply that breaks
+  the protocol fails its replica like a dead one. A call has one deadline for all of it (every
+  replica it tries, every event, pings too): once it has passed, ``take`` ends the call with its error.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import logging
 import threading
 import time
 from collections import deque
@@ -22,12 +26,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, one_line
 from ..kv.prefix import common_prefix
-from .drivers import DRIVERS, Chunk, OpenAI, Sampling
+from .drivers import DRIVERS, Bounds, Chunk, OpenAI, Reader, Sampling
 from .slotfiles import SlotFiles
 from .wire import READ_TIMEOUT, EventStream, Replica, ReplicaError
 
+log = logging.getLogger("efim.backend")
+
+DEADLINE = 120.0  # seconds a remote request may take in all (a long prompt's prefill, then its answer)
 VNODES = 64  # ring points per replica: files spread evenly, and a lost replica moves only its own
 DOWN_MIN, DOWN_MAX = 2.0, 30.0  # seconds a failed replica is skipped, doubling while it keeps failing
 
@@ -104,10 +111,14 @@ class Pool:
     """Several replicas of one model behind one driver (thread-safe)."""
 
     def __init__(self, urls: list[str], driver: str = "llama-server", api_key: str | None = None,
-                 model: str = "default", read_timeout: float = READ_TIMEOUT):
-        """``read_timeout``: seconds a stream may stay silent (a queued request's wait counts)."""
+                 model: str = "default", read_timeout: float = READ_TIMEOUT, *, n_vocab: int,
+                 timeout: float = DEADLINE):
+        """``read_timeout``: seconds a stream may stay silent (a queued request's wait counts);
+        ``timeout``: seconds a call may take in all; ``n_vocab``: the local vocabulary's size (a
+        token id a server names must be below it)."""
         if not urls:
             raise BackendError("no backend URL given")
+        self.n_vocab, self.timeout = n_vocab, timeout
         self.driver = DRIVERS[driver]() if driver != "openai" else OpenAI(model)
         self.members = [Member(Replica(u, api_key)) for u in urls]
         self.ring = Ring([m.replica.url for m in self.members])
@@ -201,28 +212,38 @@ class Pool:
 class Call:
     """One remote completion in flight. Its thread pushes events; the caller takes them:
     ``("replica", info)`` when a replica takes it, ``("failover", info)`` when one fails,
-    ``("chunk", Chunk)``, then ``("end", info)`` or ``("error", BackendError)``."""
+    ``("chunk", Chunk)``, then ``("end", info)`` or ``("error", BackendError)``, the last one by its
+    deadline at the latest."""
 
     def __init__(self, pool: Pool, tokens: list[int], sampling: Sampling, key: str):
         self.pool, self.tokens, self.sampling, self.key = pool, tokens, sampling, key
+        self.bounds = Bounds(pool.n_vocab, len(tokens), sampling.n_predict)
+        self.deadline = time.monotonic() + pool.timeout
         self.events: deque = deque()
-        self.finished = False  # the last event was pushed
+        self.finished = False  # the last event was pushed: nothing more is
         self.closed = False
+        self.member: Member | None = None  # the replica it runs on now
         self.stream: EventStream | None = None
         self.delivered = ""  # text already pushed: a replica that takes over skips it
+        self.errors: list[str] = []  # why each replica tried failed
 
     def take(self) -> list:
-        """The events that came since the last take."""
+        """The events that came since the last take (the call's error once its deadline passed)."""
         with self.pool.cond:
+            self._expire()
             out = list(self.events)
             self.events.clear()
             self.pool.unread -= len(out)
             return out
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait until this call has an event to take (or has ended), at most ``timeout`` seconds."""
+        """Wait until this call has an event to take (or has ended), at most ``timeout`` seconds (and
+        never past its deadline)."""
         with self.pool.cond:
-            self.pool.cond.wait_for(lambda: self.events or self.finished or self.closed, timeout)
+            left = max(0.0, self.deadline - time.monotonic())
+            self.pool.cond.wait_for(lambda: self.events or self.finished or self.closed,
+                                    left if timeout is None else min(timeout, left))
+            self._expire()
 
     def close(self) -> None:
         """Cancel: close the connection (the server stops generating); events still queued are dropped."""
@@ -234,9 +255,23 @@ class Call:
         if stream is not None:
             stream.close()
 
+    def _expire(self) -> None:
+        """Past the deadline (under the lock): the replica it runs on failed, the call ends with its error.
+        (Its thread may be stuck in a read that a trickle of bytes keeps alive: only this bounds it.)"""
+        if self.finished or self.closed or time.monotonic() < self.deadline:
+            return
+        m = self.member
+        if m is not None:
+            self.pool._failed(m)
+            self.errors.append(f"{m.replica.url}: deadline")
+        why = f" ({'; '.join(self.errors)})" if self.errors else ""
+        self._push("error", BackendError(f"no answer from the backends within {self.pool.timeout:g} s{why}"))
+        if self.stream is not None:
+            self.stream.close()
+
     def _push(self, kind: str, data) -> bool:
         with self.pool.cond:
-            if self.closed:
+            if self.closed or self.finished:
                 return False
             self.events.append((kind, data))
             self.pool.unread += 1
@@ -244,54 +279,72 @@ class Call:
             self.pool.cond.notify_all()
             return True
 
+    def _over(self) -> bool:
+        with self.pool.cond:
+            return self.closed or self.finished
+
     def run(self) -> None:
-        errors = []
-        for m in self.pool.order(self.key):
-            if self.closed:
-                return
-            try:
-                self._run_on(m)
-                return
-            except ReplicaError as e:
-                if self.closed:
+        try:
+            for m in self.pool.order(self.key):
+                if self._over():
                     return
-                self.pool._failed(m)
-                errors.append(f"{m.replica.url}: {e.reason}")
-                self._push("failover", {"url": m.replica.url, "reason": e.reason})
-        self._push("error", BackendError("every backend failed (" + "; ".join(errors) + ")"))
+                try:
+                    self._run_on(m)
+                    return
+                except ReplicaError as e:
+                    if self._over():
+                        return
+                    if time.monotonic() >= self.deadline:  # a read the deadline cut short: its error
+                        with self.pool.cond:
+                            self._expire()
+                        return
+                    self.pool._failed(m)
+                    self.errors.append(f"{m.replica.url}: {e.reason}" + (f" ({e.detail})" if e.detail else ""))
+                    self._push("failover", {"url": m.replica.url, "reason": e.reason})
+            self._push("error", BackendError("every backend failed (" + "; ".join(self.errors) + ")"))
+        except Exception as e:  # noqa: BLE001 - a bug here must not leave the request without its reply
+            log.exception("a remote call failed")
+            self._push("error", BackendError(one_line(f"a remote call failed: {type(e).__name__}: {e}")[:300]))
 
     def _run_on(self, m: Member) -> None:
         """Stream the completion from one replica (ReplicaError if it fails)."""
+        with self.pool.cond:
+            self.member = m
         slot, pinned = self.pool._pin(m, self.key, self.tokens)
         path, body, headers = self.pool.driver.request(self.tokens, self.sampling, slot, self.key)
-        stream = m.replica.stream(path, body, headers, self.pool.read_timeout)
-        with self.pool.cond:
-            self.stream = stream
-            if self.closed:
-                stream.close()
-                return
-        self._push("replica", {"url": m.replica.url, "slot": slot, **pinned})
-        skip, last, stop = self.delivered, Chunk(final=True), None
-        for msg in stream:
-            c = self.pool.driver.parse(msg)
-            if skip and c.text:  # a replica that took over: the text the editor has is not sent again
-                n = len(_common(skip, c.text))
-                if n < min(len(skip), len(c.text)):  # it answers differently (sampling): stop here
-                    stream.close()
-                    c = Chunk(final=True, stop="failover")
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ReplicaError(f"{m.replica.url}: the deadline passed", "deadline")
+        stream = m.replica.stream(path, body, headers, min(self.pool.read_timeout, left))
+        try:
+            with self.pool.cond:
+                self.stream = stream
+                if self.closed or self.finished:
+                    return
+            self._push("replica", {"url": m.replica.url, "slot": slot, **pinned})
+            read = Reader(self.pool.driver, self.bounds)
+            skip, last, stop = self.delivered, Chunk(final=True), None
+            for msg in stream:
+                c = read(msg)
+                if skip and c.text:  # a replica that took over: the text the editor has is not sent again
+                    n = len(_common(skip, c.text))
+                    if n < min(len(skip), len(c.text)):  # it answers differently (sampling): stop here
+                        c = Chunk(final=True, stop="failover")
+                        break
+                    skip, c.text = skip[n:], c.text[n:]
+                self.delivered += c.text
+                if not self._push("chunk", c):
+                    return
+                last, stop = c, c.stop or stop  # an OpenAI stream says why before its usage
+                if c.final:
                     break
-                skip, c.text = skip[n:], c.text[n:]
-            self.delivered += c.text
-            if not self._push("chunk", c):
-                stream.close()
+            if self._over():  # cancelled, or its deadline passed meanwhile (the stream was closed)
                 return
-            last, stop = c, c.stop or stop  # an OpenAI stream says why before its usage
-            if c.final:
-                break
-        self.pool._ok(m, slot, self.key, self.tokens, miss_reason(pinned, last.cached, False) is not None)
-        self._push("end", {"cached": last.cached, "evaluated": last.evaluated, "generated": last.generated,
-                           "stop": stop, "prompt_ms": last.prompt_ms})
-        stream.close()
+            self.pool._ok(m, slot, self.key, self.tokens, miss_reason(pinned, last.cached, False) is not None)
+            self._push("end", {"cached": last.cached, "evaluated": last.evaluated, "generated": last.generated,
+                               "stop": stop, "prompt_ms": last.prompt_ms})
+        finally:
+            stream.close()
 
 
 def miss_reason(pinned: dict, cached: int | None, ended: bool) -> str | None:

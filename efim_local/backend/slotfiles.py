@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .drivers import restored
 from .wire import Replica, ReplicaError
 
 log = logging.getLogger("efim.backend")
@@ -86,13 +87,12 @@ class SlotFiles:
         if not k.saved:
             return None
         try:
-            out = replica.post_json(f"/slots/{slot}?action=restore", {"filename": filename(key)}, TIMEOUT)
+            n = restored(replica.post_json(f"/slots/{slot}?action=restore", {"filename": filename(key)}, TIMEOUT))
         except ReplicaError as e:
             self._failed("restore", e)
             return None
         self.restored += 1
-        n = out.get("n_restored")
-        return n if isinstance(n, int) else None
+        return n
 
     def _failed(self, what: str, e: ReplicaError) -> None:
         if e.reason == "http_501":  # "start it with --slot-save-path"

@@ -13,18 +13,19 @@ import ssl
 from urllib.parse import urlsplit
 
 from ..config import check_url
-from ..errors import BackendError
+from ..errors import BackendError, one_line
 
 CONNECT_TIMEOUT = 3.0  # seconds to connect; the editor never waits on a dead replica longer
 READ_TIMEOUT = 60.0  # seconds between two events of a stream (a long prompt's prefill)
 
 
 class ReplicaError(BackendError):
-    """A replica did not answer (``reason``: connect, timeout, http_<status>, protocol, closed)."""
+    """A replica did not answer (``reason``: connect, timeout, http_<status>, protocol, closed,
+    server_error); ``detail``: what was wrong with a reply that broke the protocol (one short line)."""
 
-    def __init__(self, message: str, reason: str):
+    def __init__(self, message: str, reason: str, detail: str = ""):
         super().__init__(message)
-        self.reason = reason
+        self.reason, self.detail = reason, detail
 
 
 class Replica:
@@ -63,7 +64,7 @@ class Replica:
             if resp.status != 200:
                 raise ReplicaError(f"{self.url}{path}: HTTP {resp.status}", f"http_{resp.status}")
             return json.loads(body or b"{}")
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
             raise _error(self, path, e) from None
         finally:
             conn.close()
@@ -80,7 +81,7 @@ class Replica:
                 detail = data[:300].decode("utf-8", "replace").strip()
                 raise ReplicaError(f"{self.url}{path}: HTTP {resp.status}: {detail[:200]}", f"http_{resp.status}")
             return json.loads(data or b"{}")
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
             raise _error(self, path, e) from None
         finally:
             conn.close()
@@ -107,10 +108,12 @@ class Replica:
 
 
 def _error(replica: Replica, path: str, e: BaseException) -> ReplicaError:
+    # (RecursionError: JSON nested too deep for the decoder)
     reason = ("timeout" if isinstance(e, (socket.timeout, TimeoutError)) else
               "tls" if isinstance(e, ssl.SSLError) else
-              "protocol" if isinstance(e, (ValueError, http.client.HTTPException)) else "connect")
-    return ReplicaError(f"{replica.url}{path}: {type(e).__name__}: {e}", reason)
+              "protocol" if isinstance(e, (ValueError, http.client.HTTPException, RecursionError)) else "connect")
+    what = one_line(f"{type(e).__name__}: {e}")[:200]
+    return ReplicaError(f"{replica.url}{path}: {what}", reason, what if reason == "protocol" else "")
 
 
 class EventStream:
@@ -143,12 +146,12 @@ class EventStream:
                 if isinstance(msg, dict) and "error" in msg:
                     err = msg["error"]
                     text = err.get("message", err) if isinstance(err, dict) else err
-                    raise ReplicaError(f"{self.replica.url}: {text}", "server_error")
+                    raise ReplicaError(one_line(f"{self.replica.url}: {text}")[:300], "server_error")
                 yield msg
         except Exception as e:  # noqa: BLE001 - closed from another thread: http.client fails in many ways
             if self.closed:
                 return
-            if isinstance(e, (OSError, http.client.HTTPException, ValueError)):
+            if isinstance(e, (OSError, http.client.HTTPException, ValueError, RecursionError)):
                 raise _error(self.replica, "", e) from None
             raise
 

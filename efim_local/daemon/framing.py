@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import socket
 import threading
@@ -144,9 +145,26 @@ def request(rid, method: str, params: dict | None = None) -> bytes:
 
 def _frame(obj: dict) -> bytes:
     try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN or an infinity: no JSON number (JSON.parse refuses the bare words)
+        log.warning("a message held a number that is not finite: sent as null")
+        obj = finite(obj)
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return text.encode("utf-8") + b"\n"
     except UnicodeEncodeError:  # a lone surrogate (valid in JSON text, not in UTF-8): escape it
-        return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+
+
+def finite(obj):
+    """``obj`` with every NaN and infinity replaced by None (dicts, lists and tuples are copied)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def read_lines(sock: socket.socket, idle_timeout: float | None = None,

@@ -268,7 +268,10 @@ def calibrate_steps(engine, should_stop=None, n: int = 64):
     healer's index (steps).
 
     Uses an empty slot (none: the requests so far have measured it) and leaves it empty; it is not a
-    request, so nothing is counted or saved."""
+    request, so nothing is counted or saved. A remote-only engine has neither (no decoder: the
+    budget's speed is the replicas', which ``remote_steps`` learns)."""
+    if engine.decoder is None:
+        return
     if engine.default_heal:
         engine.decoder.healer  # noqa: B018 - built now, not on the first keystroke (it reads the vocabulary)
     slot = next((s for s in engine.slots.free() if not len(s.tokens)), None)

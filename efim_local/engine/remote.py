@@ -38,8 +38,10 @@ def api_key(config: Config) -> str | None:
     return os.environ.get("EFIM_API_KEY") or config.api_key or None
 
 
-def open_pool(config: Config) -> Pool:
-    return Pool(list(config.backend), config.backend_api, api_key(config), config.backend_model)
+def open_pool(config: Config, model: Model) -> Pool:
+    """The replicas of ``config``; the ids they name are checked against ``model``'s vocabulary."""
+    return Pool(list(config.backend), config.backend_api, api_key(config), config.backend_model,
+                n_vocab=model.n_vocab, timeout=config.backend_timeout_ms / 1e3)
 
 
 class _NoReuse:
@@ -63,12 +65,14 @@ class _NoReuse:
 class RemoteEngine(Engine):
     """An engine whose decoding is the replicas': the vocabulary only, no weights, no context."""
 
+    decoder = None  # no local decoding (background work asks)
+
     def __init__(self, config: Config, model_path: str | Path):
         self.config = config
         with ExitStack() as stack:
             self.model = stack.enter_context(Model(model_path, vocab_only=True))
             self.template, self.planner = make_planner(self.model, config)
-            self.remote = open_pool(config)
+            self.remote = open_pool(config, self.model)
             # No local KV. Type-through, accept and the answer cache need none: the replica's slot
             # holds the prompt and the answer's tokens, and the trail is the ids the server named.
             self.sparse = self.store = self.cores = self.speed_file = None
@@ -116,7 +120,7 @@ def open_remote(config: Config, model_path: str | Path, store=None) -> Engine:
         return RemoteEngine(config, model_path)
     engine = Engine(config, model_path, store=store)
     try:
-        engine.remote = open_pool(config)
+        engine.remote = open_pool(config, engine.model)
     except BaseException:
         engine.close()
         raise

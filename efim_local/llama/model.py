@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ._handle import Handle
 from ._lib import ensure_backend, lib
-from .errors import ModelError
+from .errors import BackendError, ModelError
 
 GGUF_MAGIC = b"GGUF"
 _FIM_GETTERS = {
@@ -104,7 +104,11 @@ class Model(Handle):
         return None
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        """Bytes of one token (control tokens render empty unless ``special``)."""
+        """Bytes of one token (control tokens render empty unless ``special``). An id outside the
+        vocabulary is a BackendError: llama.cpp would abort the process (``std::out_of_range``), and a
+        negative one would index the cache from its end."""
+        if not 0 <= token < self.n_vocab:
+            raise BackendError(f"token id {token} is not in the model's vocabulary [0, {self.n_vocab})")
         if not special:
             cached = self._pieces[token]
             if cached is not None:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import logging
 import os
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+log = logging.getLogger("efim.repo")
 
 # Never walked in the fallback (vendored code, environments, caches, VCS data).
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
@@ -104,6 +107,16 @@ def walk_files(root: Path, limits: Limits, deadline: float) -> list[str]:
     return sorted(out)
 
 
+def utf8_name(rel: str) -> bool:
+    """Whether a path can go into a prompt: a file name that is not UTF-8 comes from git and
+    ``os.walk`` with its bytes as surrogates, which no tokenizer, JSON text or digest takes."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def inside(root_real: str, path: str) -> bool:
     """``path`` (resolved) is ``root_real`` or under it."""
     real = os.path.realpath(path)
@@ -124,6 +137,9 @@ def discover(root: str | os.PathLike, limits: Limits = Limits(), suffixes: tuple
     total = 0
     for rel in sorted(set(listed)):
         if suffixes is not None and not rel.lower().endswith(suffixes):
+            continue
+        if not utf8_name(rel):
+            found.skip("name_not_utf8")
             continue
         if time.monotonic() > deadline:
             found.skip("time")
@@ -152,6 +168,8 @@ def discover(root: str | os.PathLike, limits: Limits = Limits(), suffixes: tuple
         total += st.st_size
         found.files.append(rel)
         found.sizes[rel] = st.st_size
+    if found.skipped.get("name_not_utf8"):
+        log.info("%s: left out %d file(s) whose name is not UTF-8", root, found.skipped["name_not_utf8"])
     return found
 
 

@@ -16,7 +16,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from .discover import Discovery, Limits, discover
+from .discover import Discovery, Limits, discover, utf8_name
 from .parse import EXTENSIONS, Definition, FileSymbols, Import, parse_file
 
 JS_EXTS = (".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", ".mts", ".cts")
@@ -57,7 +57,10 @@ class RepoIndex:
 
     def update(self, rel: str, source: bytes | None) -> bool:
         """Re-parse one file (an editor saved it; None: deleted). True when its definitions or imports
-        changed, i.e. when tiers built from the index may change."""
+        changed, i.e. when tiers built from the index may change. A name that is not UTF-8 is left
+        out, as discovery does."""
+        if not utf8_name(rel):
+            return False
         old = self.files.get(rel)
         if source is None:
             self.files.pop(rel, None)

@@ -1,19 +1,21 @@
 """Issue 17: the daemon survives its clients. Each attack of efim_local/bench/attack/ (the same
 code scripts/attack.py runs against a user's daemon) against a real daemon over its real socket,
 with short deadlines (test hooks), plus the attacks that need their own daemon (those that need no
-model are unit tests: tests/unit/test_framing.py, test_watcher.py, test_paths.py)."""
+model are unit tests: tests/unit/test_framing.py, test_watcher.py, test_paths.py), and the
+socket's own deadlines, which a test has to wait out (no daemon: a socket pair)."""
 
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from efim_local.bench import attack as A
 
-from tests.helpers import Daemon, efim_cli
+from tests.helpers import Daemon, efim_cli, wait_until
 
 DEADLINE = 1.0  # the test daemon's frame and send deadlines (s)
 
@@ -136,3 +138,70 @@ def test_accept_loop_survives_running_out_of_file_descriptors(tmp_path, tiny_mod
     assert b"Traceback" not in d.proc.stderr.read()
 
 
+# -- the socket's deadlines: slow readers, dribbled and pipelined frames (issue 17) -----------------
+def test_a_connection_that_stops_reading_never_blocks_send():
+    from efim_local.daemon.framing import Connection
+
+    a, b = socket.socketpair()
+    conn = Connection(a, send_timeout=0.5)
+    t0 = time.monotonic()
+    for _ in range(200):
+        conn.send(b"x" * 65536 + b"\n")  # 13 MB that nobody reads
+    assert time.monotonic() - t0 < 0.5
+    wait_until(lambda: not conn.alive, 10, "the connection to be dropped after its send deadline")
+    b.close()
+
+
+def test_a_dribbled_frame_ends_at_its_deadline():
+    from efim_local.daemon.framing import read_lines
+
+    a, b = socket.socketpair()
+    stop = threading.Event()
+
+    def dribble():
+        while not stop.is_set():
+            try:
+                a.send(b"{")
+            except OSError:
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=dribble, daemon=True).start()
+    t0 = time.monotonic()
+    assert list(read_lines(b, idle_timeout=60, frame_timeout=0.5)) == []
+    assert 0.4 < time.monotonic() - t0 < 2
+    stop.set()
+    a.close()
+    b.close()
+
+
+def test_the_deadline_is_per_frame_not_per_connection():
+    """A client that pipelines frames without pause (a partial frame always in the buffer) is never
+    dropped: each frame has its own deadline."""
+    from efim_local.daemon.framing import read_lines
+
+    a, b = socket.socketpair()
+    stop = threading.Event()
+
+    def stream():
+        frame = b'{"jsonrpc": "2.0", "method": "status"}\n'
+        try:
+            while not stop.is_set():
+                a.sendall(frame[:10])
+                time.sleep(0.02)
+                a.sendall(frame[10:] + frame[:5])  # the next frame starts before this one is read
+                time.sleep(0.02)
+                a.sendall(frame[5:])
+        except OSError:
+            pass
+
+    threading.Thread(target=stream, daemon=True).start()
+    got, t0 = 0, time.monotonic()
+    for line in read_lines(b, idle_timeout=60, frame_timeout=0.3):
+        got += 1
+        if time.monotonic() - t0 > 1.5:
+            break
+    stop.set()
+    a.close()
+    b.close()
+    assert time.monotonic() - t0 > 1.5 and got > 10  # five frame deadlines passed, still connected

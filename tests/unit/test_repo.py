@@ -164,6 +164,29 @@ def test_a_symlink_out_of_the_root_is_ignored(tmp_path, use_git):
     assert "leaked" not in RepoContext(root).t0().to_json()
 
 
+@pytest.mark.parametrize("use_git", [True, False])
+def test_a_file_name_that_is_not_utf8_is_left_out_not_the_whole_context(tmp_path, use_git, caplog):
+    """Issue 38: one tracked file named b"caf\\xe9_\\xff.py" made every tier fail to encode
+    (UnicodeEncodeError on each request: no repository context at all for the project)."""
+    root = tmp_path / "proj"
+    write(root, {"a.py": "def alpha():\n    pass\n"})
+    with open(os.path.join(os.fsencode(root), b"caf\xe9_\xff.py"), "wb") as f:
+        f.write(b"def beta():\n    pass\n")
+    if use_git:
+        git(root, "init", "-q")
+        git(root, "add", "-A")
+    caplog.set_level("INFO", "efim.repo")
+    found = discover(root, suffixes=(".py",))
+    assert found.source == ("git" if use_git else "walk")
+    assert found.files == ["a.py"] and found.skipped == {"name_not_utf8": 1}
+    assert [r.getMessage() for r in caplog.records] == [f"{root}: left out 1 file(s) whose name is not UTF-8"]
+    ctx = RepoContext(root)
+    assert [p.path for p in ctx.t0().pieces] == ["a.py"] and "alpha" in ctx.t0().to_json()
+    # A file saved under such a name later (the watcher) stays out too.
+    assert not ctx.saved("caf\udce9.py", b"def gamma():\n    pass\n")
+    assert "gamma" not in ctx.t0().to_json() and ctx.t1("a.py", "import caf\n").digest
+
+
 def test_the_fallback_walk_honours_the_root_gitignore(tmp_path):
     write(tmp_path, {"a.py": "def a():\n    pass\n", "gen_x.py": "def g():\n    pass\n", ".gitignore": "gen_*.py\n",
                      "node_modules/m/index.js": "function m() {}\n", "out/o.py": "def o():\n    pass\n"})
