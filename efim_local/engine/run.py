@@ -133,7 +133,7 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
     if want_heal and plan.middle_tokens:
         # Back off the typed tokens that could merge with what follows; generation spells them again.
         tail = [engine.model.piece(t) for t in plan.middle_tokens[-MAX_BACKOFF:]]
-        k = engine.healer.backoff(tail)
+        k = engine.healer.backoff(tail, word_end=engine.fragment_trained)
         cut = plan.middle_start + len(plan.middle_tokens) - k
         heal = b"".join(tail[len(tail) - k:])
         tokens = tokens[:cut] + tokens[cut + k:]

@@ -50,9 +50,14 @@ class Healer:
         i = bisect.bisect_right(self.keys, r)  # the first key after r itself
         return i < len(self.keys) and self.keys[i].startswith(r)
 
-    def backoff(self, pieces: Sequence[bytes], limit: int = MAX_BACKOFF) -> int:
+    def backoff(self, pieces: Sequence[bytes], limit: int = MAX_BACKOFF, word_end: bool = False) -> int:
         """How many of the trailing ``pieces`` (the typed text's tokens) to back off: the most, up to
-        ``limit``, whose joint text some token extends (each one more is still a token's start)."""
+        ``limit``, whose joint text some token extends (each one more is still a token's start).
+        ``word_end``: only a last token that ends in a word character (a fragment-trained model saw
+        every other boundary in training: docs/models.md)."""
+        if word_end:
+            last = pieces[-1][-1:] if pieces else b""
+            return int(last.isalnum() or last == b"_")
         k, r = 0, b""
         while k < min(limit, len(pieces)):
             joint = pieces[-1 - k] + r

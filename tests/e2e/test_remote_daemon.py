@@ -26,14 +26,17 @@ def test_the_daemon_answers_through_a_remote_llama_server(tiny_model, monkeypatc
         client = Client(sock, timeout=60)
         src = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return \n"
         parts: list[str] = []
+        # (no healing: a healed token is a call of its own to the server, test_remote_heal_budget.py)
         res = client.call("complete", {"path": "/r/a.py", "text": src, "offset": len(src) - 1, "stream": True,
-                                       "max_tokens": 16}, on_notification=lambda m: parts.append(m["params"]["text"]))
+                                       "max_tokens": 16, "heal": False}, on_notification=lambda m: parts.append(m["params"]["text"]))
         assert res["text"] == "".join(parts)
         assert res["remote"]["url"] == server.url and res["remote"]["failover"] == []
         # The same request again is the answer cache's; a shorter one goes out and the server reuses its cache.
-        again = client.call("complete", {"path": "/r/a.py", "text": src, "offset": len(src) - 1, "max_tokens": 16})
+        again = client.call("complete", {"path": "/r/a.py", "text": src, "offset": len(src) - 1, "max_tokens": 16,
+                                         "heal": False})
         assert again["text"] == res["text"] and again["source"] == "cache"
-        short = client.call("complete", {"path": "/r/a.py", "text": src, "offset": len(src) - 1, "max_tokens": 8})
+        short = client.call("complete", {"path": "/r/a.py", "text": src, "offset": len(src) - 1, "max_tokens": 8,
+                                         "heal": False})
         assert res["text"].startswith(short["text"]) and short["tokens"]["cached"] > 0
         assert short["remote"]["miss"] is None
         status = client.call("status")

@@ -118,13 +118,15 @@ def test_a_request_stops_the_continuation_computed_ahead(engine):
 
 
 def test_accept_after_ahead_needs_no_decode(engine, reference):
-    for at in range(1200, 2500, 100):  # an answer that is whole text (typing a REPLACEMENT types other bytes)
-        doc, cur = doc_at(2, at)
+    # an answer that is whole text (typing a REPLACEMENT types other bytes)
+    for i, at in [(i, at) for i in range(2, 6) for at in range(1200, 2500, 100)]:
+        doc, cur = doc_at(i, at)
         engine.clear_slots()
         engine.forget("accept.py")
         out = engine.complete(CompletionRequest(doc, cur, path="accept.py"))
         if REPLACEMENT not in out.text:
             break
+    assert REPLACEMENT not in out.text
     engine.ahead("accept.py")  # while the answer is shown
     assert len(engine.instant.shown["accept.py"].ids) > len(out.token_ids)
     engine.instant.note_accepted("accept.py")  # the editor's accepted notification

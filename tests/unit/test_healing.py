@@ -20,6 +20,8 @@ def test_backoff_reaches_every_token_a_continuation_could_merge_with():
     assert H.backoff([b"\xe6"]) == 1  # a partial UTF-8 character
     assert H.backoff([b"sum", b")"]) == 0  # nothing starts with ")" and goes on
     assert H.backoff([b"ret", b"ur"], limit=1) == 1
+    # a fragment-trained model: only a last token that ends a word
+    assert [H.backoff(p, word_end=True) for p in ([b" ret", b"ur"], [b"x", b" =", b" "], [b"    "], [])] == [1, 0, 0, 0]
 
 
 def test_allowed_tokens_spell_the_backed_off_text_or_a_prefix_of_it():
