@@ -157,11 +157,15 @@ def test_layout_and_healing_defaults_from_metadata(kind, tiny_model, tiny_model_
         else:
             assert status["layout_reason"].startswith(kind)
         assert status["heal_reason"].startswith(kind)
-        # The default is applied: a mid-word request heals (one prompt token backed off) unless told not to.
+        # The default is applied: a mid-word request heals (the typed tokens that could merge with what
+        # follows backed off: a fragment-trained model's last one only) unless told not to.
         doc, cur = CODE, CODE.index("handle.read") + 3
         req = lambda **kw: CompletionRequest(doc, cur, path=f"d-{kw}.py", max_tokens=2, **kw)
+        pieces = [e.model.piece(t) for t in e.plan(req()).middle_tokens]
+        k = e.healer.backoff(pieces, word_end=kind == KIND_FRAGMENT)
+        assert k >= 1 and (k == 1 or kind != KIND_FRAGMENT)
         default, on, off = e.complete(req()), e.complete(req(heal=True)), e.complete(req(heal=False))
-        assert default.tokens.prompt == on.tokens.prompt == off.tokens.prompt - 1
+        assert default.tokens.prompt == on.tokens.prompt == off.tokens.prompt - k
         assert default.text == on.text
     configured = Config(model=str(path), fim_template=template, layout="fim",
                         context=ContextParams(n_ctx_seq=512, n_slots=1))
