@@ -21,7 +21,8 @@ from typing import Callable, Sequence
 
 from ..errors import PlanError
 from ..request import LAYOUTS
-from .windows import (CHARS_PER_TOKEN, MAX_CLOSERS, MIN_NEAR, NEAR, NEAREST, Frame, auto_closers,  # noqa: F401
+from .windows import (CHARS_PER_TOKEN, MAX_CLOSERS, MIN_NEAR, NEAR, NEAREST, Frame, anchor_at,  # noqa: F401
+                      auto_closers,
                       held_after, line_start, near_share, near_start, split, text_end, text_start, window_start,
                       window_step)
 
@@ -213,7 +214,7 @@ class Planner:
 
     def _anchor(self, text: str, cursor: int, reserve: int, budget: Budget | None = None, pieces=None,
                 last: Anchor | None = None) -> Anchor:
-        offset = line_start(text, cursor)
+        offset = anchor_at(text, cursor)
         # (a line far longer than a middle may be, a minified file's: not even tokenized)
         too_long = cursor - offset > self.limits.max_middle_tokens * CHARS_PER_TOKEN
         middle = [] if too_long else self.tokenize(text[offset:cursor])

@@ -68,7 +68,7 @@ def test_plan_is_pieces_tokenized_separately(doc, data, layout, markers):
     pl = make(markers)
     s = FileSession()
     plan = pl.plan(s, doc, cursor, layout)
-    anchor = P.line_start(doc, cursor)
+    anchor = P.anchor_at(doc, cursor)  # (the line above too, when the line holds only indentation)
     pre, mid, suf = toks(doc[:anchor]), toks(doc[anchor:cursor]), toks(doc[cursor:])
     m = markers
     if m.order == "psm":
@@ -430,3 +430,11 @@ def test_a_slower_model_gets_a_smaller_near_window():
     for share in (8, 32):  # the near window's start is aligned as a window's: one to two steps below
         assert room // share - 2 * P.window_step(room // share) <= rooms[share] <= room // share
     assert rooms[0] == 0
+
+
+def test_a_line_of_indentation_alone_anchors_at_the_line_above():
+    doc = "def f(x):\n    for y in x:\n        \n"
+    assert P.anchor_at(doc, doc.index("        \n") + 8) == doc.index("    for")  # indentation alone
+    assert P.anchor_at(doc, doc.index("        \n")) == doc.index("    for")  # nothing typed yet
+    assert P.anchor_at(doc, doc.index("for") + 3) == doc.index("    for")  # the line's own start
+    assert P.anchor_at("    ", 4) == 0 and P.anchor_at("", 0) == 0  # no line above: its own start
