@@ -61,7 +61,7 @@ def make_planner(model: Model, config: Config) -> tuple[templates.Template, Plan
         template = templates.with_special_texts(template, lambda t: model.piece(t, special=True), ends)
     planner = Planner(model.tokenize, template.markers, PlannerLimits(
         n_ctx=config.context.n_ctx_seq, max_middle_tokens=config.max_middle_tokens,
-        reserve_tokens=config.max_tokens))
+        reserve_tokens=config.max_tokens), lift_indent=model_kind(model.meta) != KIND_FRAGMENT)
     return template, planner
 
 

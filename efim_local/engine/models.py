@@ -69,7 +69,8 @@ def choose_layout(meta, config_layout: str | None, text_markers: bool = False) -
         trained = meta(KEY_LAYOUT)
         why = f"model metadata {KEY_FRAGMENT}=true" + (f", {KEY_LAYOUT}={trained}" if trained else "")
         return trained or "efim", why
-    return "efim", f"{kind}: EFIM with token healing continues a partial word best (docs/models.md)"
+    return "efim", (f"{kind}: EFIM with token healing answers as well as FIM or better, and keeps the suffix cached "
+                    "(docs/models.md)")
 
 
 def choose_heal(meta, text_markers: bool = False, config_heal: bool | None = None) -> tuple[bool, str]:
@@ -77,4 +78,6 @@ def choose_heal(meta, text_markers: bool = False, config_heal: bool | None = Non
     otherwise; a request may still choose."""
     if config_heal is not None:
         return config_heal, f"configured heal = {str(config_heal).lower()}"
-    return True, f"{model_kind(meta, text_markers)}: healing recovers most of the mid-word loss (docs/models.md)"
+    kind = model_kind(meta, text_markers)
+    what = "a word's last token" if kind == KIND_FRAGMENT else "every typed token that could merge with what follows"
+    return True, f"{kind}: healing re-chooses {what} (docs/models.md)"

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import Cancelled, InvalidParams
 from ..llama import Sampler, SamplerParams
 from ..prompt.healing import MAX_BACKOFF
-from ..prompt.planner import GROWN, Budget, Plan, anchor_at
+from ..prompt.planner import GROWN, Budget, Plan
 from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, Timings, TokenCounts
 from .decode import GenSpec, answer_rules
@@ -334,8 +334,8 @@ def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
               len(plan.tokens))
     # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line never
     # tokenizes the file again.
-    same = plan.reanchor is not None and anchor.offset == anchor_at(req.text, req.cursor)
     planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
+    same = plan.reanchor is not None and anchor.offset == planner.anchor_offset(req.text, req.cursor)
     return planner.plan(session, req.text, req.cursor, req.how.layout, reserve=engine.max_tokens(req.how),
                         budget=Budget(cached=peek, new_for=lambda n_cached: speed.max_new(budget, n_cached)),
                         pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)

@@ -52,6 +52,13 @@ class Planner:
     markers: Markers
     limits: PlannerLimits = field(default_factory=PlannerLimits)
     near: int = NEAR  # the near window is the last 1/near of the room (0: none; the engine sizes it)
+    # A line of indentation alone anchors at the line above (windows.anchor_at); off for a model
+    # trained with line-start anchors (fragment-trained: docs/models.md).
+    lift_indent: bool = True
+
+    def anchor_offset(self, text: str, cursor: int) -> int:
+        """Where a plan for ``cursor`` anchors anew."""
+        return anchor_at(text, cursor) if self.lift_indent else line_start(text, cursor)
 
     def plan(self, session: FileSession, text: str, cursor: int, layout: str | None = None,
              reserve: int | None = None, budget: Budget | None = None,
@@ -214,7 +221,7 @@ class Planner:
 
     def _anchor(self, text: str, cursor: int, reserve: int, budget: Budget | None = None, pieces=None,
                 last: Anchor | None = None) -> Anchor:
-        offset = anchor_at(text, cursor)
+        offset = self.anchor_offset(text, cursor)
         # (a line far longer than a middle may be, a minified file's: not even tokenized)
         too_long = cursor - offset > self.limits.max_middle_tokens * CHARS_PER_TOKEN
         middle = [] if too_long else self.tokenize(text[offset:cursor])

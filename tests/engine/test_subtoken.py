@@ -157,6 +157,7 @@ def test_layout_and_healing_defaults_from_metadata(kind, tiny_model, tiny_model_
         else:
             assert status["layout_reason"].startswith(kind)
         assert status["heal_reason"].startswith(kind)
+        assert e.planner.lift_indent is (kind != KIND_FRAGMENT)  # (trained with line-start anchors)
         # The default is applied: a mid-word request heals (the typed tokens that could merge with what
         # follows backed off: a fragment-trained model's last one only) unless told not to.
         doc, cur = CODE, CODE.index("handle.read") + 3

@@ -6,6 +6,7 @@ whole document, or cut pieces at the wrong place, gives other tokens than the pi
 """
 
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -438,3 +439,6 @@ def test_a_line_of_indentation_alone_anchors_at_the_line_above():
     assert P.anchor_at(doc, doc.index("        \n")) == doc.index("    for")  # nothing typed yet
     assert P.anchor_at(doc, doc.index("for") + 3) == doc.index("    for")  # the line's own start
     assert P.anchor_at("    ", 4) == 0 and P.anchor_at("", 0) == 0  # no line above: its own start
+    pl = make(MARKERS[0])  # a fragment-trained model's planner keeps the line's own start
+    cur = doc.index("        \n") + 8
+    assert pl.anchor_offset(doc, cur) == doc.index("    for") and replace(pl, lift_indent=False).anchor_offset(doc, cur) == cur - 8
