@@ -436,7 +436,7 @@ def test_a_slower_model_gets_a_smaller_near_window():
 def test_a_line_of_indentation_alone_anchors_at_the_line_above():
     doc = "def f(x):\n    for y in x:\n        \n"
     assert P.anchor_at(doc, doc.index("        \n") + 8) == doc.index("    for")  # indentation alone
-    assert P.anchor_at(doc, doc.index("        \n")) == doc.index("    for")  # nothing typed yet
+    assert P.anchor_at(doc, doc.index("        \n")) == doc.index("        \n")  # column 0: its own line
     assert P.anchor_at(doc, doc.index("for") + 3) == doc.index("    for")  # the line's own start
     assert P.anchor_at("    ", 4) == 0 and P.anchor_at("", 0) == 0  # no line above: its own start
     pl = make(MARKERS[0])  # a fragment-trained model's planner keeps the line's own start
