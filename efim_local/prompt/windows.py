@@ -61,8 +61,9 @@ def line_start(text: str, offset: int) -> int:
 def anchor_at(text: str, cursor: int) -> int:
     """Where a plan anchors for a cursor: the start of its line, or of the line above when the line
     holds indentation and nothing else before the cursor (at column 0: its own start). After
-    ``<MID>`` a middle of indentation alone tells a model too little (measured on Qwen2.5-Coder: answers jump to the function's end); with
-    the line above it continues the block, as typing from an earlier anchor does (docs/models.md)."""
+    ``<MID>`` a middle of indentation alone tells a model too little (measured on Qwen2.5-Coder:
+    answers jump to the function's end); with the line above it continues the block, as typing from
+    an earlier anchor does (docs/models.md)."""
     start = line_start(text, cursor)
     if start and start < cursor and not text[start:cursor].strip(" \t"):
         return line_start(text, start - 1)
