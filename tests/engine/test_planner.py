@@ -22,7 +22,7 @@ def test_plan_is_pieces_tokenized_separately(model, doc, data, layout, order):
     cursor = data.draw(st.integers(0, len(doc)))
     pl = Planner(model.tokenize, Markers((1,), (2,), (3,), order), PlannerLimits(n_ctx=4096))
     plan = pl.plan(FileSession(), doc, cursor, layout)
-    anchor = P.line_start(doc, cursor)
+    anchor = pl.anchor_offset(doc, cursor)  # (the line above, for a line of indentation alone)
     pre, mid, suf = (tuple(model.tokenize(t)) for t in (doc[:anchor], doc[anchor:cursor], doc[cursor:]))
     if order == "psm":
         want = (1, *pre, 2, *suf, 3, *mid) if layout == "efim" else (1, *pre, *mid, 2, *suf, 3)
