@@ -103,9 +103,11 @@ def bench_model(name: str) -> tuple[Path, str | None]:
     return Path(name), None
 
 
-def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | None = None):
+def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | None = None,
+                 home: Path | None = None):
     """Start `efim serve` on a private socket; returns (process, socket path) once it answers.
-    ``config``: top-level config.toml settings (numbers and strings) for this daemon."""
+    ``config``: top-level config.toml settings (numbers and strings) for this daemon; ``home``: its
+    directory (state, cache, socket), to start another daemon on the same store (default: a new one)."""
     import os
     import subprocess
     import sys
@@ -113,7 +115,7 @@ def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | 
 
     from ..daemon.client import Client, DaemonUnavailable
 
-    tmp = Path(tempfile.mkdtemp(prefix="efim-bench-"))
+    tmp = home or Path(tempfile.mkdtemp(prefix="efim-bench-"))
     sock = tmp / "run" / "efim.sock"
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
     if env.get("PYTHONPATH"):  # made absolute: the daemon runs in ``tmp``

@@ -1,0 +1,182 @@
+"""The first ghost in a file just opened: how much of the full plan it was computed from, how long
+after the open, and whether it matched what the commit typed there.
+
+For each file of the traces whose text is 3k-10k tokens (``LO``..``HI``), a daemon gets ``didOpen``,
+and the cursor where the commit first changes it (an editor restores the last position, or the user
+jumps there), then, ``wait`` seconds later, a request there. Two conditions:
+
+- ``new``: a file the daemon never saw (a fresh state directory): only the open-time warm helps;
+- ``seen``: a file the user worked on an earlier day: a first daemon had it open until its idle work
+  was done and was stopped (its states go to disk), and a second one, on the same state directory,
+  serves the open (what the store holds from earlier days).
+
+Each (file, condition, wait) runs on a daemon of its own, so no request finds another's KV.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import util as bu
+from .editors import _position
+from .paced import useful
+
+LO, HI = 3000, 10_000  # tokens: the files this measures
+WAITS = (0.5, 1.0, 2.0)  # seconds from the open to the first request
+SETTLE_S = 60.0  # at most this long for the first day's idle work to end
+TARGET_SHARE = 0.25  # issue 39: the first ghost's context share within 2 s of the open
+
+
+@dataclass
+class OpeningConfig:
+    model: Path
+    traces: tuple[str, ...] = ("efim", "click")
+    files: int = 4  # per trace
+    waits: tuple[float, ...] = WAITS
+    conditions: tuple[str, ...] = ("new", "seen")
+    n_ctx: int = 8192
+    threads: int = 0
+    max_tokens: int = 16
+    seed: int = 0
+
+
+def pick_files(model: Path, traces: tuple[str, ...], per_trace: int, seed: int = 0) -> list[dict]:
+    """Files of ``LO``..``HI`` tokens from each trace, each with its commit's first change (the cursor)
+    and the text the commit put there."""
+    from ..llama import Model
+    from . import trace as tr
+
+    out = []
+    with Model(model, vocab_only=True) as m:
+        for name in traces:
+            seen, picks = set(), []
+            for c in tr.load(tr.resolve(name)):
+                if c.file in seen or c.before == c.after:
+                    continue
+                seen.add(c.file)
+                n = len(m.tokenize(c.before))
+                if LO <= n <= HI:
+                    picks.append((c, n))
+            random.Random(seed).shuffle(picks)
+            for c, n in picks[:per_trace]:
+                k = next((i for i, (a, b) in enumerate(zip(c.before, c.after)) if a != b),
+                         min(len(c.before), len(c.after)))
+                typed = c.after[k:len(c.after) - (len(c.before) - k)] if len(c.after) > len(c.before) else ""
+                out.append({"trace": name, "file": c.file, "text": c.before, "cursor": k, "tokens": n,
+                            "typed_next": typed[:80]})
+    return out
+
+
+def _daemon(cfg: OpeningConfig, home: Path):
+    return bu.spawn_daemon(cfg.model, None, "--layout", "efim", "--n-ctx", str(cfg.n_ctx), "--threads",
+                           str(cfg.threads), config={"max_tokens": cfg.max_tokens}, home=home)
+
+
+def _stop(proc) -> None:
+    proc.send_signal(signal.SIGTERM)  # a clean stop: dirty slots and RAM states go to disk
+    try:
+        proc.wait(60)
+    except Exception:  # noqa: BLE001 - it did not stop: it is killed
+        proc.kill()
+        proc.wait(10)
+
+
+def _settle(c, path: str) -> None:
+    """Wait until the daemon's idle work (the warm and growth of ``path``) is done."""
+    deadline = time.monotonic() + SETTLE_S
+    time.sleep(1.0)
+    while time.monotonic() < deadline:
+        st = c.call("status")
+        if not st.get("idle_tasks") and not st.get("queued"):
+            break
+        time.sleep(0.5)
+
+
+def one(cfg: OpeningConfig, f: dict, condition: str, wait: float) -> dict:
+    """The first request ``wait`` s after opening ``f`` under ``condition``: one row."""
+    from ..daemon.client import Client
+
+    home = Path(tempfile.mkdtemp(prefix="efim-opening-"))
+    path = str(home / "src" / f["file"])  # the same path both days (the store keys states by file)
+    if condition == "seen":  # the earlier day: open, let idle work finish, stop
+        proc, sock = _daemon(cfg, home)
+        try:
+            with Client(sock, timeout=120) as c:
+                c.call("didOpen", {"path": path, "text": f["text"], "version": 0})
+                c.notify("cursor", {"path": path, "offset": f["cursor"]})
+                _settle(c, path)
+        finally:
+            _stop(proc)
+    proc, sock = _daemon(cfg, home)
+    try:
+        time.sleep(2.0)  # the daemon measures its prefill speed when idle after start (as paced.py)
+        with Client(sock, timeout=120) as c:
+            c.call("didOpen", {"path": path, "text": f["text"], "version": 0})
+            t_open = time.perf_counter()
+            c.notify("cursor", {"path": path, "offset": f["cursor"]})  # the editor's restored position
+            time.sleep(max(0.0, wait - (time.perf_counter() - t_open)))
+            t = time.perf_counter()
+            res = c.call("complete", {"path": path, "position": _position(f["text"], f["cursor"]),
+                                      "max_tokens": cfg.max_tokens})
+            ms = (time.perf_counter() - t) * 1e3
+    finally:
+        _stop(proc)
+    ctx = res.get("context", {})
+    return {"trace": f["trace"], "file": f["file"], "file_tokens": f["tokens"], "condition": condition,
+            "wait_s": wait, "since_open_s": round(t - t_open + ms / 1e3, 3), "total_ms": round(ms, 1),
+            "context_tokens": ctx.get("tokens"), "full_tokens": ctx.get("full_tokens"), "share": ctx.get("share"),
+            "head_tokens": ctx.get("head_tokens"), "cache_tier": res.get("cache_tier"),
+            "reduced": ctx.get("reduced"), "text": res.get("text", "")[:80], "typed_next": f["typed_next"],
+            "useful": useful(res.get("text", ""), f["typed_next"]) if f["typed_next"] else None}
+
+
+def run(cfg: OpeningConfig, log=print) -> dict:
+    """Every picked file under every condition and wait; rows and a summary per (condition, wait)."""
+    from tqdm import tqdm
+
+    files = pick_files(cfg.model, cfg.traces, cfg.files, cfg.seed)
+    jobs = [(f, cond, w) for f in files for cond in cfg.conditions for w in cfg.waits]
+    rows = [one(cfg, *j) for j in tqdm(jobs, desc="opening", disable=log is None)]
+    summary = summarize(rows)
+    path = bu.save("opening", {"config": {k: str(v) for k, v in vars(cfg).items()}, "summary": summary,
+                               "rows": rows})
+    res = {"summary": summary, "rows": rows, "json": str(path)}
+    if log is not None:
+        log(table(res))
+    return res
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per condition and wait: the share's distribution and how many reached ``TARGET_SHARE``."""
+    out = []
+    for cond in sorted({r["condition"] for r in rows}):
+        for w in sorted({r["wait_s"] for r in rows}):
+            rs = [r for r in rows if r["condition"] == cond and r["wait_s"] == w]
+            if not rs:
+                continue
+            sh = [r["share"] or 0.0 for r in rs]
+            us = [r["useful"] for r in rs if r["useful"] is not None]
+            out.append({"condition": cond, "wait_s": w, "files": len(rs), "share_min": round(min(sh), 3),
+                        "share_p50": round(bu.pctl(sh, 0.5), 3), "share_max": round(max(sh), 3),
+                        f"at_least_{int(TARGET_SHARE * 100)}%": sum(s >= TARGET_SHARE for s in sh),
+                        "tokens_p50": bu.pctl([r["context_tokens"] or 0 for r in rs], 0.5),
+                        "total_ms_p50": round(bu.pctl([r["total_ms"] for r in rs], 0.5)),
+                        "useful": f"{sum(us)}/{len(us)}" if us else "-"})
+    return out
+
+
+def table(res: dict) -> str:
+    s = res["summary"]
+    return bu.table(s, list(s[0])) if s else "(no file of 3k-10k tokens in the traces)"
+
+
+if __name__ == "__main__":  # pragma: no cover - the CLI is `efim bench --only opening`
+    import sys
+
+    run(OpeningConfig(Path(sys.argv[1]), files=int(os.environ.get("FILES", "2"))))
