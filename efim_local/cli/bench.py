@@ -1,7 +1,7 @@
 """`efim bench`: benchmarks, one subcommand per part (paced, replay, rounds, restore, context, quality,
-user, all), each with a table, JSON and, where it has one, a chart.
+all; and user), each with a table, JSON and, where it has one, a chart.
 
-Every part runs through efim_local/bench/suite.py, as `efim bench --only PART` did; that old form (and
+The parts run through efim_local/bench/suite.py, as `efim bench --only PART` did; that old form (and
 `efim bench --quick`) still works: a first argument that is an option goes to the hidden `legacy`
 command, the former `efim bench` with all its options.
 """
@@ -284,3 +284,45 @@ def legacy(only, quick, model, infill, protocol, server, max_requests, threads, 
     _run(tuple(only) or suite.PARTS, as_json, quick=quick, model=model, infill=infill, protocol=protocol,
          server=server, max_requests=max_requests, threads=threads, out=out, max_prompt_ms=max_prompt_ms,
          busy=busy, n_ctx=n_ctx, trace=trace_name, backend=backend, kill_replica=kill_replica, repo=repo)
+
+
+@bench.command()
+@_options("model", "trace", "requests", "max_tokens", "threads", "max_prompt_ms",
+          trace=click.option("--trace", "trace_name", default="click", show_default=True, metavar="NAME|PATH",
+                             help="The edit trace: 'efim', 'click' or a trace file (scripts/make_trace.py)."),
+          requests=click.option("--requests", "max_requests", type=click.IntRange(1, 100000), default=100,
+                                show_default=True, help="Requests of the trace replayed."),
+          max_tokens=click.option("--max-tokens", type=click.IntRange(1, 100000), default=32, show_default=True,
+                                  help="Tokens per suggestion."),
+          threads=click.option("--threads", type=click.IntRange(0, 1024), default=2, show_default=True,
+                               help="CPU threads (0: all)."))
+@click.option("--patient", type=click.FloatRange(0, 3600), default=0.0, show_default=True,
+              help="Wait up to this many seconds for each suggestion (a loaded machine); 0: the trace's pace.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the report (JSON, with each accept's detail) to this file.")
+@user_errors
+def user(model, trace_name, max_requests, max_tokens, threads, max_prompt_ms, patient, out):
+    """A simulated user in the paced replay (efim_local/bench/user.py): accepts, type-through keystrokes
+    and the time to the next suggestion after an accept; prints the report as JSON.
+
+    \b
+    Examples:
+      nice -n 19 efim bench user --requests 60                 # the click trace, at its pace
+      nice -n 19 efim bench user --requests 60 --patient 30    # waits for each suggestion
+    """
+    import json
+    import os
+
+    from ..bench import paced, suite
+    from ..bench import trace as tr
+    from ..bench.user import run_user
+
+    _check(trace_name)
+    path, _ = suite.bench_model(model)
+    cfg = paced.PacedConfig(path, max_requests=max_requests, max_tokens=max_tokens, threads=threads,
+                            trace=trace_name, n_ctx=4096, max_prompt_ms=max_prompt_ms)
+    res = run_user(cfg, paced.steps(tr.load(tr.resolve(trace_name)), cfg.pacing), patient)
+    res["load_avg"] = os.getloadavg()
+    click.echo(json.dumps({k: v for k, v in res.items() if k != "accepts_detail"}, indent=2))
+    if out:
+        out.write_text(json.dumps(res, indent=2))
