@@ -110,11 +110,11 @@ cuda:
 
 bench-quick: runtime server
 	$(PIP) -e '.[bench]'
-	$(VENV)/bin/efim bench --quick
+	$(VENV)/bin/efim bench all --quick
 
 bench: runtime server
 	$(PIP) -e '.[bench]'
-	$(VENV)/bin/efim bench
+	$(VENV)/bin/efim bench all
 
 # A user-level install: a virtualenv of its own in $(EFIM_HOME), `efim` linked into $(BINDIR) (on
 # most distributions already on PATH), and the systemd user unit pointing at it. Reruns upgrade.

@@ -16,8 +16,6 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from dataclasses import replace
-from pathlib import Path
 
 from . import util as bu
 from .editors import EfimEditor
@@ -125,42 +123,8 @@ def run(cfg: PacedConfig, urls: list[str] | None = None, replicas: int = 2, kill
 
 
 def run_spec(cfg: PacedConfig, backend: str, kill: bool = False) -> dict:
-    """``run`` for ``efim bench --backend``: "local:N" starts N replicas here, else URLs."""
+    """``run`` for ``efim bench paced --backend``: "local:N" starts N replicas here, else URLs."""
     if backend.startswith("local:"):
         return run(cfg, None, int(backend[6:] or 2), kill)
     return run(cfg, [u.strip() for u in backend.split(",") if u.strip()])
 
-
-def main(argv=None) -> None:
-    """``python -m efim_local.bench.paced_remote``: see ``scripts/bench_paced_remote.py``."""
-    import argparse
-    import json
-    import subprocess
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default", help="'default', 'gemma' or a GGUF path")
-    ap.add_argument("--backend", help="running llama-server URLs, comma-separated (default: start --replicas here)")
-    ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--slots", type=int, default=2, help="slots per replica started here")
-    ap.add_argument("--kill", action="store_true", help="kill one replica halfway (replicas started here)")
-    ap.add_argument("--requests", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--n-ctx", type=int, default=8192)
-    ap.add_argument("--trace", default=None)
-    args = ap.parse_args(argv)
-    model, _ = bu.bench_model(args.model)
-    root = Path(__file__).resolve().parents[2]
-    binary = Path(subprocess.run(["bash", str(root / "native" / "cached_server.sh")], capture_output=True, text=True,
-                                 check=True).stdout.split()[-1])
-    cfg = replace(PacedConfig(model), max_requests=args.requests, threads=args.threads, n_ctx=args.n_ctx,
-                  trace=args.trace, server=binary)
-    res = run(cfg, args.backend.split(",") if args.backend else None, args.replicas, args.kill, args.slots)
-    cols = ["backend", "requests", "answered", "lost", "stale_frac", "ttft_p50_ms", "ttft_p95_ms",
-            "ttft_p50_vs_inprocess", "ttft_p95_vs_inprocess"]
-    print(bu.table(res["summary"], cols))
-    print(json.dumps({k: res[k] for k in ("killed", "errors", "backend")}, indent=1))
-    print("saved", bu.save(f"paced-remote-{Path(model).stem}", {k: v for k, v in res.items() if k != "rows"}))
-
-
-if __name__ == "__main__":
-    main()

@@ -10,13 +10,13 @@ from pathlib import Path
 from . import util as bu
 from . import context, paced, paced_remote, peers, quality, replay, restore, rounds, trace
 
-PARTS = ("paced", "replay", "rounds", "restore")  # what a plain `efim bench` runs
+PARTS = ("paced", "replay", "rounds", "restore")  # what `efim bench all` runs
 EXTRA_PARTS = ("context", "quality")  # only when asked for: a paced replay then scoring; HumanEval answers
 
 
 @dataclass
 class SuiteConfig:
-    model: str = "gemma"  # 'gemma', 'qwen0.5b', 'qwen1.5b', 'default' or a GGUF path
+    model: str = "gemma"  # 'gemma', 'gemma-text', 'qwen0.5b', 'qwen1.5b', 'default' or a GGUF path
     quick: bool = False
     parts: tuple[str, ...] = PARTS
     server: Path = peers.SERVER_BIN
@@ -32,10 +32,18 @@ class SuiteConfig:
     repo: Path | None = None  # the paced part with repository context: the trace's files under this git tree
     infill: str = "single"  # the quality part's HumanEval-infilling set (quality.SETS)
     protocol: str = "typed"  # and its protocol: typed, or the EFIM paper's
+    rounds_files: int | None = None  # the rounds part's files, rounds and tokens per round (None: 1/3/32 quick,
+    rounds_rounds: int | None = None  # else 4/5/128)
+    rounds_max_tokens: int | None = None
+    restore_sizes: tuple[int, ...] | None = None  # the restore part's prompt sizes (None: 2048 quick, else 1k/4k/8k)
+    restore_repeat: int | None = None  # and restores per tier (None: 1 quick, else 3)
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:
-    """The model every part runs; for gemma3-270m a copy with FIM tokens, so ``/infill`` works."""
+    """The model every part runs; for gemma3-270m a copy with FIM tokens, so ``/infill`` works
+    ('gemma-text': gemma3-270m itself, with text markers)."""
+    if name == "gemma-text":
+        return bu.bench_model("gemma")
     if name == "gemma":
         from ..config import cache_home
         from .fim_copy import with_fim_tokens
@@ -75,16 +83,18 @@ def run(cfg: SuiteConfig, log=print) -> dict:
         res["replay"] = replay.run(rc)
         log(_replay_table(res["replay"]))
     if "rounds" in cfg.parts:
-        res["rounds"] = rounds.run(model, template, files=1 if q else 4, rounds=3 if q else 5,
-                                   max_tokens=32 if q else 128, threads=cfg.threads)
+        res["rounds"] = rounds.run(model, template, files=cfg.rounds_files or (1 if q else 4),
+                                   rounds=cfg.rounds_rounds or (3 if q else 5),
+                                   max_tokens=cfg.rounds_max_tokens or (32 if q else 128), threads=cfg.threads)
         log(bu.table(res["rounds"]["summary"], list(res["rounds"]["summary"][0])))
         log(f"FIM/EFIM mean TTFT: {res['rounds']['ratio_ttft_mean']:.2f}x all rounds, "
             f"{res['rounds']['ratio_ttft_mean_later']:.2f}x after the first\n")
     if "restore" in cfg.parts:
-        res["restore"] = restore.run(cfg.model, model, template, [2048] if q else [1024, 4096, 8192],
-                                     repeat=1 if q else 3)
+        res["restore"] = restore.run(cfg.model, model, template,
+                                     list(cfg.restore_sizes or ([2048] if q else [1024, 4096, 8192])),
+                                     repeat=cfg.restore_repeat or (1 if q else 3))
         log(bu.table(res["restore"], list(res["restore"][0])) + "\n")
-    named = cfg.model in ('gemma', 'default', *bu.REAL_MODELS)
+    named = cfg.model in ('gemma', 'gemma-text', 'default', *bu.REAL_MODELS)
     name = f"bench-{cfg.model if named else Path(cfg.model).stem}" + \
         ("-quick" if q else "") + (f"-{Path(cfg.trace).name.split('.')[0]}" if cfg.trace else "")
     cfg.out.mkdir(parents=True, exist_ok=True)

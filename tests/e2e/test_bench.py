@@ -65,13 +65,13 @@ def test_the_bench_daemon_runs_the_bench_code_whatever_the_directory(tiny_model,
 
 
 def test_the_quality_part_scores_each_layout_on_humaneval(tiny_model, tmp_path):
-    """`efim bench --only quality`: every layout answers every task (the generated programs run in a
+    """`efim bench quality`: every layout answers every task (the generated programs run in a
     subprocess), the default is not run twice, and the paired intervals come per class."""
     from tests.helpers import efim_cli
 
     if not quality.DATA.is_dir():
         pytest.skip(f"no HumanEval-infilling data at {quality.DATA}")
-    r = efim_cli("bench", "--model", str(tiny_model), "--only", "quality", "--requests", "3", "--out", str(tmp_path),
+    r = efim_cli("bench", "quality", "--model", str(tiny_model), "--requests", "3", "--out", str(tmp_path),
                  "--json")
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     q = json.loads(r.stdout)["quality"]

@@ -38,7 +38,7 @@ def test_paced_replay_times_the_first_text_at_the_client(tiny_model):
 def test_context_part_scores_each_planned_request(tiny_model):
     cfg = context.ContextConfig(tiny_model, scorer=tiny_model, trace="click", max_requests=15, n_boot=50, busy=True)
     res = context.run(cfg)
-    assert res["busy"] and "one core kept busy" in context.table(res)  # (efim bench --only context --busy)
+    assert res["busy"] and "one core kept busy" in context.table(res)  # (efim bench context --busy)
     assert res["scored"] >= 5 and res["scored"] + sum(res["skipped"].values()) == 15
     by = {(x["requests"], x["context"]): x for x in res["summary"]}
     used, full, vim = by["planned", "used"], by["planned", "full"], by["planned", "llama.vim"]
@@ -51,7 +51,7 @@ def test_context_part_scores_each_planned_request(tiny_model):
 
 
 def test_paced_replay_with_repository_context_reports_its_tiers(tiny_model, tmp_path):
-    """``efim bench --repo-context DIR``: the trace's files are opened under a git tree, the daemon puts
+    """``efim bench paced --repo-context DIR``: the trace's files are opened under a git tree, the daemon puts
     repository context before them, and no request prefills that context again."""
     import subprocess
 

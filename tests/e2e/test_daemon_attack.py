@@ -1,5 +1,5 @@
-"""Issue 17: the daemon survives its clients. Each attack of efim_local/bench/attack/ (the same
-code scripts/attack.py runs against a user's daemon) against a real daemon over its real socket,
+"""Issue 17: the daemon survives its clients. Each attack of tests/attack/ (the same
+code ``python -m tests.attack`` runs against a user's daemon) against a real daemon over its real socket,
 with short deadlines (test hooks), plus the attacks that need their own daemon (those that need no
 model are unit tests: tests/unit/test_framing.py, test_watcher.py, test_paths.py), and the
 socket's own deadlines, which a test has to wait out (no daemon: a socket pair)."""
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from efim_local.bench import attack as A
+from tests import attack as A
 
 from tests.helpers import Daemon, efim_cli, wait_until
 
@@ -101,7 +101,7 @@ def test_state_dir_of_another_user_is_refused(tmp_path):
 # (The state directory's modes, the watcher's and the wire's attacks without a model are unit tests:
 # tests/unit/test_paths.py, test_watcher.py, test_framing.py.)
 def test_script_help():
-    r = subprocess.run([sys.executable, "scripts/attack.py", "--help"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "tests.attack", "--help"], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert r.returncode == 0 and "slow_reader" in r.stdout
 

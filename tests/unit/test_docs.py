@@ -41,7 +41,8 @@ def test_cli_reference_covers_every_command():
     names = [name for name, _ in helpdoc.commands()]
     assert set(names) >= {"efim", "efim complete", "efim status", "efim serve", "efim daemon start",
                           "efim daemon stop", "efim daemon status", "efim daemon restart", "efim cache ls",
-                          "efim cache stats", "efim cache gc", "efim cache clear", "efim bench"}
+                          "efim cache stats", "efim cache gc", "efim cache clear", "efim bench",
+                          "efim bench paced", "efim bench quality", "efim bench all"}
     text = (ROOT / "docs" / "cli.md").read_text("utf-8")
     assert re.findall(r"^## `(.+)`$", text, re.M) == names
 

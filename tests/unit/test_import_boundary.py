@@ -90,7 +90,7 @@ LAYERS = (
     ("download",),  # fetching a catalog model (efim models pull)
     ("daemon",),  # the socket, framing, dispatch, handlers, starting a daemon
     ("lsp",),  # efim lsp, relayed to the daemon
-    ("bench",),  # benchmarks and attacks: the only package that may use training (the tests below)
+    ("bench",),  # benchmarks: the only package that may use training (the tests below)
     ("cli",),  # the `efim` command, `efim bench` included
 )
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -1,6 +1,6 @@
 """Can any context efim has beat llama.vim's window? (issue 23's last acceptance condition)
 
-`efim bench --only context` scores the text typed next under the plan efim used, its full plan, and
+`efim bench context` scores the text typed next under the plan efim used, its full plan, and
 llama.vim's window (256 lines before the cursor, 64 after). A plan efim answers from is cut from its
 full plan, so it can beat llama.vim's window only if the full plan, or context from outside the file,
 holds something the window lacks. This script scores, on the same requests as the bench (the trace's
@@ -19,9 +19,10 @@ Printed: bits per character, and each one's paired difference from llama.vim's w
 
     pip download click==8.1.0 --no-binary :all: --no-deps -d /tmp/dl     # the click trace's project
     mkdir -p /tmp/clicktree && tar -xzf /tmp/dl/click-8.1.0.tar.gz -C /tmp/clicktree --strip-components=1
-    python scripts/vim_bound.py --trace click --tree /tmp/clicktree --model qwen2.5-coder-0.5b-random-q8_0.gguf
+    python scripts/investigations/vim_bound.py --trace click --tree /tmp/clicktree \\
+        --model qwen2.5-coder-0.5b-random-q8_0.gguf
     git archive 2008ac1dd03d^ | tar -x -C /tmp/efimtree                   # the efim trace's project
-    python scripts/vim_bound.py --trace efim --tree /tmp/efimtree --requests 200 --model ...
+    python scripts/investigations/vim_bound.py --trace efim --tree /tmp/efimtree --requests 200 --model ...
 """
 
 import argparse

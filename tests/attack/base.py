@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...daemon.client import Client
+from efim_local.daemon.client import Client
 
 
 class Failed(AssertionError):

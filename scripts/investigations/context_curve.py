@@ -1,12 +1,12 @@
 """What the tokens nearest the cursor are worth: bits per character by how many of them (issue 23).
 
-For each request of a paced trace (as `efim bench --only context` fires them), the text the user
+For each request of a paced trace (as `efim bench context` fires them), the text the user
 typed next (to the line end, at most 32 characters) is scored by gemma3-270m after the N prefix tokens
 nearest the cursor (by the replay model's tokenizer; left context only, as the context bench's
 ``form="left"``), for N = 32, 64, ... and the full plan's prefix. No daemon runs: this is the curve
 the near window's size is chosen on (`prompt/windows.py`, `NEAR_SHARES`).
 
-    python scripts/context_curve.py --trace efim --model qwen2.5-coder-0.5b-random-q8_0.gguf
+    python scripts/investigations/context_curve.py --trace efim --model qwen2.5-coder-0.5b-random-q8_0.gguf
 
 About 4 s a request on one core (seven prompts of up to 6k tokens each).
 """

@@ -1,7 +1,7 @@
 """Attacks on the command line's inputs rather than the daemon (issue 27, item 11): a catalog file
 (``EFIM_KNOWN_MODELS``) that is a FIFO or ``/dev/zero``, and catalog entries whose file or
 repository climbs out of the models directory with ``..``. Each must be one line and exit 2, at
-once. scripts/attack.py runs them with the daemon attacks."""
+once. ``python -m tests.attack`` runs them with the daemon attacks."""
 
 from __future__ import annotations
 

@@ -17,10 +17,10 @@ Two sets: "cross" (lines that refer to a name imported from another project file
 excluded) and "all" (any non-blank line). Reported: bits per character of each condition and the paired
 gain (file - ctx) with a 95% bootstrap CI over cursors.
 
-    nice -n 19 python scripts/eval_repo.py --per-set 200                      # gemma, bits/char
-    python scripts/eval_repo.py --per-set 1000 --shard 0/2 & ... --shard 1/2  # parallel, resumable
-    python scripts/eval_repo.py --report                                      # merge the shards' results
-    python scripts/eval_repo.py --mode em --model qwen2.5-coder-1.5b.gguf --name qwen  # FIM exact match
+    nice -n 19 python scripts/investigations/eval_repo.py --per-set 200                      # gemma, bits/char
+    python scripts/investigations/eval_repo.py --per-set 1000 --shard 0/2 & ... --shard 1/2  # parallel, resumable
+    python scripts/investigations/eval_repo.py --report                                      # merge the shards' results
+    python scripts/investigations/eval_repo.py --mode em --model qwen2.5-coder-1.5b.gguf --name qwen  # FIM exact match
 """
 
 import argparse

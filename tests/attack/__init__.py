@@ -3,7 +3,7 @@ and whether efim held.
 
 Every attack talks to a real daemon over its real socket (or to a real ``efim lsp`` over its
 stdio) and ends by checking that the daemon still answers a completion. Used by
-``scripts/attack.py`` (against any running daemon, e.g. one from ``efim daemon start``) and by
+``python -m tests.attack`` (``__main__.py``, from the checkout's root: against any running daemon, e.g. one from ``efim daemon start``) and by
 tests/e2e/test_daemon_attack.py (a test daemon with short deadlines). An attack returns a one-line
 detail when efim held and raises ``Failed`` when it did not; ``Skipped`` when it cannot run here
 (e.g. the test hooks are off). ``OWN_DAEMON``: the attacks that start daemons of their own.

@@ -1,6 +1,6 @@
 """An upper bound on the paced replay's mean context share, for a given prefill speed (issue 23).
 
-The paced replay (`efim bench --only paced`) reports each answer's context as a share of its full plan.
+The paced replay (`efim bench paced`) reports each answer's context as a share of its full plan.
 How high can that share go on a machine that prefills S tokens a second, if answers must stay exact
 (KV reused only where the tokens before it are the same, so a plan's suffix is recomputed whenever
 its anchor moves)? This script replays the same trace through an oracle that is better than any
@@ -27,10 +27,11 @@ the more context it follows (attention: on the 0.5B shape 16 tokens take 90 ms a
 ms after 3,840), so give tables at several context sizes (``--measure-ctx 256 1024 2048 3072 3840``):
 each batch is then timed where it starts.
 
-    python scripts/context_bound.py --trace click --speed 173      # the 0.5B shape's best batch rate here
-    python scripts/context_bound.py --trace efim --speed 150 87
-    python scripts/context_bound.py --trace click --measure --model M.gguf   # batches and requests, measured
-    python scripts/context_bound.py --trace click --measure --measure-ctx 256 1024 2048 3072 3840 --model M.gguf
+    python scripts/investigations/context_bound.py --trace click --speed 173   # the 0.5B shape's best batch rate here
+    python scripts/investigations/context_bound.py --trace efim --speed 150 87
+    python scripts/investigations/context_bound.py --trace click --measure --model M.gguf   # measured batches
+    python scripts/investigations/context_bound.py --trace click --measure --model M.gguf \\
+        --measure-ctx 256 1024 2048 3072 3840
 """
 
 import argparse

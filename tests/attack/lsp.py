@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ... import errors as E
+from efim_local import errors as E
 from .base import Failed, Raw, Target, check, error_code, small_complete
 
 MB = 1 << 20

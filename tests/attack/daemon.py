@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable
 
-from ... import errors as E
+from efim_local import errors as E
 from .base import Failed, Raw, Skipped, Target, check, error_code, small_complete, status
 
 BIG_LINES = 4_000_000  # "\n" * 4M: item 11's document of 4 M lines (an 8 MB frame)

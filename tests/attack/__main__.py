@@ -1,6 +1,6 @@
 """Attack a running efim daemon (and efim lsp) with every bad-client behaviour of issues 17 and 27.
 
-Runs the attacks of efim_local/bench/attack/ (surrogates, NaN, connection flood, slow reader,
+Runs the attacks of tests/attack/ (surrogates, NaN, connection flood, slow reader,
 slow writer, FIFO and /dev/zero documents, a huge didChange, the UTF-8 limit, idle tokenizing,
 many roots, the engine watchdog, --socket at a file, a planted daemon.pid link; and from issue 27:
 edits the daemon refuses behind efim lsp, a 10 MB efim.accepted, Content-Length 10^23, frames
@@ -10,8 +10,8 @@ and on `efim models`, a FIFO or /dev/zero as EFIM_KNOWN_MODELS and catalog entri
 against the daemon on the socket, then prints a table, saves bench-results/attack.json and exits 1
 if any attack got through. The daemon's deadlines default to the production ones (10 s each).
 
-    efim daemon start && python scripts/attack.py
-    python scripts/attack.py --socket /tmp/t/efim.sock --only flood slow_reader
+    efim daemon start && python -m tests.attack        # from the checkout's root
+    python -m tests.attack --socket /tmp/t/efim.sock --only flood slow_reader
 """
 
 import argparse
@@ -19,10 +19,11 @@ import json
 import sys
 from pathlib import Path
 
-from efim_local.bench.attack import ATTACKS, Target, run
 from efim_local.daemon import paths
+from tests.attack import ATTACKS, Target, run
 
-ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap = argparse.ArgumentParser(prog="python -m tests.attack", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--socket", type=Path, default=None, help="the daemon's socket (default: efim's)")
 ap.add_argument("--only", nargs="+", choices=list(ATTACKS), help="run only these attacks")
 ap.add_argument("--frame-timeout", type=float, default=10.0, help="the daemon's per-frame read deadline (s)")

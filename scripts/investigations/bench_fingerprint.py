@@ -6,7 +6,7 @@ empty store: hash and cache it) and a restart (the same store: the cached value,
 of ``--repeat`` runs; prints a table and saves bench-results/fingerprint-*.json.
 
     .venv/bin/python scripts/make_shape_models.py --only qwen2.5-coder-1.5b --out /tmp/models
-    .venv/bin/python scripts/bench_fingerprint.py --model /tmp/models/qwen2.5-coder-1.5b-random-q8_0.gguf
+    .venv/bin/python scripts/investigations/bench_fingerprint.py --model /tmp/models/qwen2.5-coder-1.5b-random-q8_0.gguf
 """
 
 import argparse
