@@ -15,7 +15,6 @@ Each (file, condition, wait) runs on a daemon of its own, so no request finds an
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import tempfile
@@ -44,11 +43,14 @@ class OpeningConfig:
     threads: int = 0
     max_tokens: int = 16
     seed: int = 0
+    tokens: tuple[int, int] = (LO, HI)  # the files' sizes
+    out: Path = bu.RESULTS
 
 
-def pick_files(model: Path, traces: tuple[str, ...], per_trace: int, seed: int = 0) -> list[dict]:
-    """Files of ``LO``..``HI`` tokens from each trace, each with its commit's first change (the cursor)
-    and the text the commit put there."""
+def pick_files(model: Path, traces: tuple[str, ...], per_trace: int, seed: int = 0,
+               tokens: tuple[int, int] = (LO, HI)) -> list[dict]:
+    """Files of ``tokens`` (lo, hi) tokens from each trace, each with its commit's first change (the
+    cursor) and the text the commit put there."""
     from ..llama import Model
     from . import trace as tr
 
@@ -61,7 +63,7 @@ def pick_files(model: Path, traces: tuple[str, ...], per_trace: int, seed: int =
                     continue
                 seen.add(c.file)
                 n = len(m.tokenize(c.before))
-                if LO <= n <= HI:
+                if tokens[0] <= n <= tokens[1]:
                     picks.append((c, n))
             random.Random(seed).shuffle(picks)
             for c, n in picks[:per_trace]:
@@ -125,6 +127,7 @@ def one(cfg: OpeningConfig, f: dict, condition: str, wait: float) -> dict:
             res = c.call("complete", {"path": path, "position": _position(f["text"], f["cursor"]),
                                       "max_tokens": cfg.max_tokens})
             ms = (time.perf_counter() - t) * 1e3
+            hits = c.call("status")["store"]["hits"]  # a saved state restored (at the open or the request)
     finally:
         _stop(proc)
     ctx = res.get("context", {})
@@ -132,6 +135,7 @@ def one(cfg: OpeningConfig, f: dict, condition: str, wait: float) -> dict:
             "wait_s": wait, "since_open_s": round(t - t_open + ms / 1e3, 3), "total_ms": round(ms, 1),
             "context_tokens": ctx.get("tokens"), "full_tokens": ctx.get("full_tokens"), "share": ctx.get("share"),
             "head_tokens": ctx.get("head_tokens"), "cache_tier": res.get("cache_tier"),
+            "restored": hits.get("ram", 0) + hits.get("disk", 0) > 0,
             "reduced": ctx.get("reduced"), "text": res.get("text", "")[:80], "typed_next": f["typed_next"],
             "useful": useful(res.get("text", ""), f["typed_next"]) if f["typed_next"] else None}
 
@@ -140,12 +144,12 @@ def run(cfg: OpeningConfig, log=print) -> dict:
     """Every picked file under every condition and wait; rows and a summary per (condition, wait)."""
     from tqdm import tqdm
 
-    files = pick_files(cfg.model, cfg.traces, cfg.files, cfg.seed)
+    files = pick_files(cfg.model, cfg.traces, cfg.files, cfg.seed, cfg.tokens)
     jobs = [(f, cond, w) for f in files for cond in cfg.conditions for w in cfg.waits]
     rows = [one(cfg, *j) for j in tqdm(jobs, desc="opening", disable=log is None)]
     summary = summarize(rows)
     path = bu.save("opening", {"config": {k: str(v) for k, v in vars(cfg).items()}, "summary": summary,
-                               "rows": rows})
+                               "rows": rows}, cfg.out)
     res = {"summary": summary, "rows": rows, "json": str(path)}
     if log is not None:
         log(table(res))
@@ -167,7 +171,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                         f"at_least_{int(TARGET_SHARE * 100)}%": sum(s >= TARGET_SHARE for s in sh),
                         "tokens_p50": bu.pctl([r["context_tokens"] or 0 for r in rs], 0.5),
                         "total_ms_p50": round(bu.pctl([r["total_ms"] for r in rs], 0.5)),
-                        "useful": f"{sum(us)}/{len(us)}" if us else "-"})
+                        "restored": sum(r["restored"] for r in rs), "useful": f"{sum(us)}/{len(us)}" if us else "-"})
     return out
 
 
@@ -176,7 +180,3 @@ def table(res: dict) -> str:
     return bu.table(s, list(s[0])) if s else "(no file of 3k-10k tokens in the traces)"
 
 
-if __name__ == "__main__":  # pragma: no cover - the CLI is `efim bench --only opening`
-    import sys
-
-    run(OpeningConfig(Path(sys.argv[1]), files=int(os.environ.get("FILES", "2"))))

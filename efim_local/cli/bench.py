@@ -14,7 +14,7 @@ import click
 
 from . import emit, main, user_errors
 
-PARTS = ("paced", "replay", "rounds", "restore", "context", "quality")
+PARTS = ("paced", "replay", "rounds", "restore", "context", "quality")  # (the suite's; `opening` runs alone)
 
 
 # Every option once; each subcommand takes the ones its part reads (``_options``).
@@ -242,6 +242,49 @@ def quality(quick, model, infill, protocol, max_requests, threads, out, as_json)
     """
     _run(("quality",), as_json, quick=quick, model=model, infill=infill, protocol=protocol,
          max_requests=max_requests, threads=threads, out=out)
+
+
+@bench.command()
+@_options("model", "threads", "n_ctx", "out", "as_json")
+@click.option("--files", type=click.IntRange(1, 100), default=4, show_default=True,
+              help="Files per trace (efim and click).")
+@click.option("--tokens", default="3000,10000", show_default=True, metavar="LO,HI",
+              help="The files' sizes in tokens.")
+@click.option("--waits", default="0.5,1,2", show_default=True, metavar="S[,S...]",
+              help="Seconds from the open to the first request.")
+@click.option("--condition", "conditions", type=click.Choice(["new", "seen"]), multiple=True,
+              help="new: a file never seen; seen: one the store holds from an earlier day (default: both).")
+@user_errors
+def opening(model, threads, n_ctx, out, as_json, files, tokens, waits, conditions):
+    """The first request after a file is opened: the share of the full plan it was computed from, its
+    time, and whether its ghost matched what the commit typed there (efim_local/bench/opening.py).
+
+    \b
+    Examples:
+      efim bench opening --model qwen0.5b
+      efim bench opening --model qwen0.5b --files 2 --waits 2 --condition new
+    """
+    from ..bench import opening as op
+    from ..bench import suite
+
+    try:
+        ws = tuple(float(w) for w in waits.split(","))
+    except ValueError:
+        raise click.BadParameter("seconds, comma-separated (0.5,1,2)", param_hint="--waits") from None
+    if any(not 0 <= w <= 600 for w in ws):
+        raise click.BadParameter("each wait is 0-600 s", param_hint="--waits")
+    try:
+        lo, hi = (int(n) for n in tokens.split(","))
+    except ValueError:
+        raise click.BadParameter("two numbers, LO,HI (3000,10000)", param_hint="--tokens") from None
+    path, _ = suite.bench_model(model)
+    cfg = op.OpeningConfig(path, files=files, waits=ws, conditions=tuple(conditions) or ("new", "seen"),
+                           threads=threads, n_ctx=n_ctx or 8192, tokens=(lo, hi), out=out)
+    res = op.run(cfg, log=None if as_json else click.echo)
+    if as_json:
+        emit({k: v for k, v in res.items() if k != "rows"}, True)
+    else:
+        click.echo(f"saved {res['json']}")
 
 
 @bench.command("all")

@@ -80,3 +80,21 @@ def test_the_quality_part_scores_each_layout_on_humaneval(tiny_model, tmp_path):
     assert {d["metric"] for d in q["paired"]} == {"exact", "pass"} and q["paired"][0]["typed last"] == "all"
     saved = json.loads(Path(q["json"]).read_text())
     assert len(saved["rows"]["fim"]) == 3 and {"exact", "pass", "class", "answer"} <= set(saved["rows"]["fim"][0])
+
+
+def test_the_opening_part_restores_a_file_seen_on_an_earlier_day(tiny_model, tmp_path):
+    """`efim bench opening`: the first request after an open, per condition; a file the store holds
+    from an earlier daemon is restored (``seen``), a new one is not."""
+    from tests.helpers import efim_cli
+
+    r = efim_cli("bench", "opening", "--model", str(tiny_model), "--files", "1", "--tokens", "2000,200000",
+                 "--waits", "0.3", "--n-ctx", "4096", "--out", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    res = json.loads(r.stdout)
+    rows = json.loads(Path(res["json"]).read_text())["rows"]
+    assert {(row["trace"], row["condition"]) for row in rows} == {(t, c) for t in ("efim", "click")
+                                                                    for c in ("new", "seen")}
+    for row in rows:
+        assert 0 < row["share"] <= 1 and row["full_tokens"] > 2000 // 2
+        assert row["restored"] == (row["condition"] == "seen"), row
+    assert [s["condition"] for s in res["summary"]] == ["new", "seen"]
