@@ -70,12 +70,14 @@ def help_text(st: dict, minute: dict | None = None) -> str:
     """What would give the answers more context, from an engine's status ``st`` (its budget, learned
     speed and the CPU other processes take) and the last minute's answers (``minute``: requests,
     reduced); a sentence for ``efim status``."""
-    if minute is not None and not minute.get("reduced"):
+    budget, tok_s = st.get("max_prompt_ms"), st.get("prefill_tok_s")
+    reduced = None if minute is None else minute.get("reduced", 0)  # None: no answers known (in-process)
+    if budget == 0:
+        return "nothing: the latency budget is off (max_prompt_ms = 0)" + (
+            "; idle time grows the plans it cut before" if reduced else "")
+    if reduced == 0:
         return ("nothing: no answer in the last minute was reduced" if minute.get("requests")
                 else "no answer in the last minute")
-    budget, tok_s = st.get("max_prompt_ms"), st.get("prefill_tok_s")
-    if budget == 0:
-        return "nothing: the latency budget is off (max_prompt_ms = 0)"
     parts = []
     busy = others_text(st.get("cores_used_by_others"), st.get("cores"))
     if busy:

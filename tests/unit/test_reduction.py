@@ -45,7 +45,9 @@ def test_help_on_a_quiet_machine_suggests_a_smaller_model():
 def test_help_when_nothing_was_cut():
     assert help_text(STATUS, {"requests": 5, "reduced": 0}) == "nothing: no answer in the last minute was reduced"
     assert help_text(STATUS, {"requests": 0}) == "no answer in the last minute"
-    assert help_text({**STATUS, "max_prompt_ms": 0.0}) == "nothing: the latency budget is off (max_prompt_ms = 0)"
+    off = {**STATUS, "max_prompt_ms": 0.0}
+    assert help_text(off, {"requests": 5, "reduced": 0}) == "nothing: the latency budget is off (max_prompt_ms = 0)"
+    assert help_text(off, {"requests": 5, "reduced": 1}).startswith("nothing: the latency budget is off")
 
 
 def answer(share: float, reduced: bool, why: str | None = None) -> dict:
