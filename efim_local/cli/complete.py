@@ -88,18 +88,23 @@ def say_empty(out: dict, as_json: bool) -> None:
     why = {"eog": "the model ended the middle at once", "max_tokens": "max_tokens allows no token"}.get(
         out.get("stop_reason"), f"the answer stopped at once ({out.get('stop_reason')})")
     c = out.get("context") or {}
-    hint = " (from a context reduced by the latency budget: --max-prompt-ms 0 uses all of it)" if c.get(
+    hint = f" (from a context reduced by the {cut_by(c)}: --max-prompt-ms 0 uses all of it)" if c.get(
         "reduced") else ""
     out["empty"] = why + hint
     if not as_json:
         click.echo(f"efim: empty answer: {why}{hint}", err=True)
 
 
+def cut_by(c: dict) -> str:
+    """What reduced a context, and why: 'latency budget 300 ms; the other 2900 tokens need 8.3 s ...'."""
+    return (c.get("reduced_by") or {}).get("text") or "latency budget"
+
+
 def say_context(out: dict) -> None:
     """On stderr: the context the answer used, and whether the latency budget cut it."""
     c = out.get("context") or {}
     if "tokens" in c and c.get("full_tokens"):
-        cut = ", reduced by the latency budget" if c.get("reduced") else ""
+        cut = f", reduced by the {cut_by(c)}" if c.get("reduced") else ""
         click.echo(f"efim: context {c['tokens']} of {c['full_tokens']} tokens ({c['share']:.0%}){cut}", err=True)
 
 
@@ -155,20 +160,31 @@ def status(as_json, **model_kw):
         from ..api import open_engine
 
         cfg = build_config(**model_kw)
-        with open_engine(cfg.with_overrides(store=False)) as engine:
-            info = engine.status()
+        from ..engine.reduction import help_text
+        from ..engine.speed import load_speed, speed_path
+        from ..engine.status import measure_cores
         from ..kv.settings import store_config
 
+        with open_engine(cfg.with_overrides(store=False)) as engine:
+            if cfg.store and engine.remote is None:  # the speed a daemon or an earlier run learned here
+                engine.speed = load_speed(speed_path(store_config(cfg).dir, engine.model.path,
+                                                     cfg.context)) or engine.speed
+            measure_cores(engine)  # nothing has decoded yet: a window of its own
+            engine.fit_threads()  # the threads a first decode would take
+            info = engine.status()
+        info["context_help"] = help_text(info)
         info["store"] = str(store_config(cfg).dir) if cfg.store else None
         info["via"] = "in-process"
     keys = ("model", "description", "library", "library_source", "gpu_offload", "layout", "layout_reason",
             "heal", "heal_reason", "fragment_trained", "template", "n_slots", "n_ctx_seq", "threads",
-            "threads_batch", "threads_auto", "cores_free", "cores_used_by_others", "type_k", "type_v",
-            "flash_attn", "offload_kqv", "sliding_window", "swa_strategy", "state_restore", "sparse_restore", "via")
+            "threads_batch", "threads_auto", "cores", "cores_free", "cores_used_by_others", "max_prompt_ms",
+            "prefill_tok_s", "budget_tokens", "type_k", "type_v", "flash_attn", "offload_kqv", "sliding_window",
+            "swa_strategy", "state_restore", "sparse_restore", "via")
     out = {k: info[k] for k in keys if k in info}
     if info["via"] == "daemon":
         out.update(daemon_pid=info["pid"], socket=info["socket"], context=info["requests"].get("context"),
                    answers=info["requests"].get("sources"), engine_time_s=info.get("engine_time_s"))
+    out["context_help"] = info.get("context_help")
     store = info.get("store")  # (the daemon's is a dict of its tiers: its directory, as in-process)
     out["store"] = store.get("dir") if isinstance(store, dict) else store
     if as_json:

@@ -186,6 +186,9 @@ def daemon_status(as_json):
         click.echo("answers      " + sources_text(req["sources"]))
     if req.get("context"):
         click.echo("context used " + context_text(req["context"]))
+    click.echo("speed        " + speed_text(st))
+    if st.get("context_help"):
+        click.echo("would help   " + st["context_help"])
     if st.get("engine_time_s"):  # where the engine's time went, by kind of work
         click.echo("engine time  " + engine_time_text(st["engine_time_s"]))
     for s in st["slots"]:
@@ -202,9 +205,30 @@ def daemon_status(as_json):
 
 
 def context_text(c: dict) -> str:
-    """'mean 1183 tokens (median 1429), 72% of the full plans, 47% reduced by the latency budget'."""
-    return (f"mean {c['mean_tokens']:.0f} tokens (median {c['median_tokens']}), {c['mean_share']:.0%} of the "
+    """'mean 1183 tokens (median 1429), 72% of the full plans, 47% reduced by the latency budget; last
+    minute: 12 answers, 41% of the full plans, 9 reduced'."""
+    text = (f"mean {c['mean_tokens']:.0f} tokens (median {c['median_tokens']}), {c['mean_share']:.0%} of the "
             f"full plans, {c['reduced']:.0%} reduced by the latency budget")
+    m = c.get("last_minute")
+    if m and m["requests"]:
+        text += (f"; last minute: {m['requests']} answers, {m['mean_share']:.0%} of the full plans, "
+                 f"{m['reduced']} reduced")
+    elif m is not None:
+        text += "; none in the last minute"
+    return text
+
+
+def speed_text(st: dict) -> str:
+    """'prefill 351 tok/s, max_prompt_ms 300 (about 105 new tokens), other processes use 1.0 of 2
+    cores': what the latency budget allows on this machine now."""
+    tok_s, budget, n = st.get("prefill_tok_s"), st.get("max_prompt_ms"), st.get("budget_tokens")
+    parts = [f"prefill {tok_s:.0f} tok/s" if tok_s else "prefill speed not learned yet"]
+    if budget is not None:
+        parts.append(f"max_prompt_ms {budget:g}" + (f" (about {n} new tokens)" if n else "") if budget else
+                     "no latency budget (max_prompt_ms 0)")
+    if st.get("cores_used_by_others") is not None:
+        parts.append(f"other processes use {st['cores_used_by_others']:.1f} of {st.get('cores')} cores")
+    return ", ".join(parts)
 
 
 def engine_time_text(spent: dict) -> str:

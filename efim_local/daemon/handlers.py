@@ -14,6 +14,8 @@ import time
 from .. import __version__
 from ..engine import CompletionRequest, Engine
 from ..engine.background import warm_steps
+from ..engine.reduction import help_text
+from ..engine.status import measure_cores
 from ..errors import InvalidParams, InvalidRequest
 from ..prompt.document import read_source
 from .dispatch import DEFERRED
@@ -148,6 +150,7 @@ class Handlers:
         return {"cancelled": self.worker.cancel(conn, rid)}
 
     def status(self, conn=None, msg=None) -> dict:
+        measure_cores(self.engine)  # here, not on the engine's thread: it may wait a quarter second
         info = self.worker.call(lambda e: e.status())
         s = self.server
         info.update({"version": __version__, "socket": str(s.sock_path), "pid": os.getpid(),
@@ -158,8 +161,10 @@ class Handlers:
                      "accepted": dict(self.acceptance), "definitions": dict(self.definitions_seen),
                      "editor_debounce_ms": round(self.engine.pace.debounce_s * 1e3)})
         spent = dict(self.worker.scheduler.spent)  # where the engine's time went, by kind of work
-        info.update(requests=self.worker.stats.summary(), python_threads=threading.active_count(),
+        req = self.worker.stats.summary()
+        info.update(requests=req, python_threads=threading.active_count(),
                     engine_time_s={k: round(v, 2) for k, v in sorted(spent.items())})
+        info["context_help"] = help_text(info, (req["context"] or {}).get("last_minute") or {"requests": 0})
         return info
 
     def accepted(self, conn, msg):

@@ -12,6 +12,7 @@ import logging.handlers
 import math
 import os
 import threading
+import time
 from collections import deque
 
 from . import paths
@@ -21,6 +22,7 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_BYTES = 4 << 20  # rotate past 4 MiB,
 BACKUPS = 3  # keeping daemon.log.1 .. .3
 WINDOW = 200  # requests the latency percentiles cover
+MINUTE = 60.0  # s: status's recent context share covers the answers of the last minute
 
 
 class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
@@ -71,6 +73,7 @@ class RequestStats:
         self.lock = threading.Lock()
         self.latencies: deque[float] = deque(maxlen=WINDOW)
         self.contexts: deque[tuple[int, float, bool]] = deque(maxlen=WINDOW)  # (tokens, share, reduced)
+        self.recent: deque[tuple[float, float, bool]] = deque()  # (monotonic time, share, reduced), a minute's
         self.files: dict[str, list[int]] = {}  # path -> [requests, hits, cached tokens, prompt tokens]
         self.layout, self.layout_reason = layout, layout_reason
         self.first = True
@@ -85,6 +88,8 @@ class RequestStats:
             ctx = out.get("context") or {}
             if "tokens" in ctx:
                 self.contexts.append((ctx["tokens"], ctx["share"], ctx["reduced"]))
+                self.recent.append((time.monotonic(), ctx["share"], ctx["reduced"]))
+                self._forget()
             f = self.files.setdefault(path, [0, 0, 0, 0])
             f[0] += 1
             f[1] += tok["cached"] > 0
@@ -94,14 +99,22 @@ class RequestStats:
             self.sources[source] = self.sources.get(source, 0) + 1
         if first:
             log.info("first request: layout %s (%s)", self.layout, self.layout_reason)
+        why = ((out.get("context") or {}).get("reduced_by") or {}).get("text")
         log.info("complete %s layout=%s context=%s cached=%d evaluated=%d generated=%d tier=%s reanchor=%s source=%s "
-                 "%.1f ms", path, out["layout"], context_text(out.get("context") or {}), tok["cached"],
+                 "%.1f ms%s", path, out["layout"], context_text(out.get("context") or {}), tok["cached"],
                  tok["evaluated"], tok["generated"], out["cache_tier"], out["reanchor"] or "-",
-                 out.get("source", "computed"), ms)
+                 out.get("source", "computed"), ms, f"; reduced by {why}" if why else "")
+
+    def _forget(self) -> None:
+        """Drop the answers older than a minute (under the lock)."""
+        old = time.monotonic() - MINUTE
+        while self.recent and self.recent[0][0] < old:
+            self.recent.popleft()
 
     def summary(self) -> dict:
         with self.lock:
-            lat, ctx, sources = list(self.latencies), list(self.contexts), dict(self.sources)
+            self._forget()
+            lat, ctx, sources, minute = list(self.latencies), list(self.contexts), dict(self.sources), list(self.recent)
             files = {p: {"requests": n, "hit_rate": round(h / n, 3), "cached_tokens": c, "prompt_tokens": t}
                      for p, (n, h, c, t) in self.files.items()}
         r = lambda v: None if v is None else round(v, 1)
@@ -110,7 +123,10 @@ class RequestStats:
             context = {"mean_tokens": r(sum(c[0] for c in ctx) / len(ctx)),
                        "median_tokens": percentile([c[0] for c in ctx], 50),
                        "mean_share": round(sum(c[1] for c in ctx) / len(ctx), 3),
-                       "reduced": round(sum(c[2] for c in ctx) / len(ctx), 3)}
+                       "reduced": round(sum(c[2] for c in ctx) / len(ctx), 3),
+                       "last_minute": {"requests": len(minute), "reduced": sum(c[2] for c in minute),
+                                       "mean_share": round(sum(c[1] for c in minute) / len(minute), 3)
+                                       if minute else None}}
         return {"window": len(lat), "p50_ms": r(percentile(lat, 50)), "p95_ms": r(percentile(lat, 95)),
                 "context": context, "files": files, "sources": source_rates(sources)}
 

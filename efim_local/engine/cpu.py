@@ -8,6 +8,10 @@ before each decode, so one long answer adapts too (a few small reads of ``/proc`
 keystroke path worth counting). The window is the time since the last check: after a long pause it
 is the pause's average load.
 
+``efim status`` asks :meth:`FreeCores.measure`: a window of its own (``PROBE`` s, taken again
+only when the last one is older), since the engine's last window may be a long pause's average, or,
+in a one-shot ``efim status``, none at all (it showed ``cores_used_by_others 0.0`` at a load of 3).
+
 Before the first window is ``every`` s old (an in-process run decodes right after the engine
 starts), the count comes from the runnable tasks at that moment (``procs_running``, less this
 thread): the first prefill is one long decode that no later check can shorten.
@@ -27,6 +31,7 @@ puts a second thread beside a spinning process.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -37,6 +42,9 @@ TAKEN = 0.75
 MIN_RAN = 0.05
 # Windows in a row that must show more free cores before the count rises.
 RISE = 2
+# Status's own window (s), and how old its last one may be for a new one to start from it.
+PROBE = 0.25
+PROBE_REUSE = 5.0
 
 
 @dataclass
@@ -120,6 +128,8 @@ class FreeCores:
         self._last = _snap(self.cpus)
         self._first = True  # no window measured yet
         self._rising: list[int] = []  # the last windows' counts, while each showed more than ``free``
+        self._probe: _Snap | None = None  # where status's last window ended (measure)
+        self._lock = threading.Lock()
 
     def sample(self) -> int:
         """Free cores now (at least 1): the last window's, re-measured if it is ``every`` s old."""
@@ -132,18 +142,50 @@ class FreeCores:
                     self._set(min(float(self.cores), float(others)))
             return self.free
         now = _snap(self.cpus)
-        if now is None or now.total <= last.total:
+        others = self._between(last, now)
+        if others is None:
             return self.free
-        used = max(0, (now.busy - last.busy) - (now.own - last.own)) / (now.total - last.total) * self.cores
-        span = max(now.t - last.t, 1e-3) * 1e9
-        ran, waited = max(0, now.ran - last.ran) / span, max(0, now.waited - last.waited) / span
-        self._set(demand(used, ran, waited, self.cores))
+        self._set(others)
         self._first, self._last = False, now
         return self.free
 
+    def measure(self) -> float:
+        """Other processes' demand now, in cores (``efim status``; any thread), over a window of its
+        own: the last one's end if it is at most ``PROBE_REUSE`` s old, else a new one of ``PROBE`` s
+        (a wait). A window shorter than ``PROBE`` is not measured again. The count follows it, and
+        the engine's next window starts at its end."""
+        now = _snap(self.cpus)
+        probe = self._probe
+        if now is None:
+            return self.others
+        if probe is not None and now.t - probe.t < PROBE:
+            return self.others
+        if probe is None or now.t - probe.t > PROBE_REUSE:
+            probe = now
+            time.sleep(PROBE)
+            now = _snap(self.cpus)
+        others = self._between(probe, now) if now is not None else None
+        if others is not None:
+            self._set(others)
+            # The engine's next window starts here (not from a long pause before it); no estimate
+            # from the tasks runnable at one moment either.
+            self._probe = self._last = now
+            self._first = False
+        return self.others
+
+    def _between(self, last: _Snap, now: _Snap | None) -> float | None:
+        """Other processes' demand (cores) between two snapshots; None if no time passed."""
+        if now is None or now.total <= last.total:
+            return None
+        used = max(0, (now.busy - last.busy) - (now.own - last.own)) / (now.total - last.total) * self.cores
+        span = max(now.t - last.t, 1e-3) * 1e9
+        ran, waited = max(0, now.ran - last.ran) / span, max(0, now.waited - last.waited) / span
+        return demand(used, ran, waited, self.cores)
+
     def _set(self, others: float) -> None:
-        self.others = others
-        free = max(1, min(self.cores, self.cores - int(others + 1 - TAKEN)))
-        self._rising = self._rising + [free] if free > self.free else []
-        if free < self.free or len(self._rising) >= RISE:
-            self.free, self._rising = min(self._rising or [free]), []
+        with self._lock:  # the engine's thread and a status call's
+            self.others = others
+            free = max(1, min(self.cores, self.cores - int(others + 1 - TAKEN)))
+            self._rising = self._rising + [free] if free > self.free else []
+            if free < self.free or len(self._rising) >= RISE:
+                self.free, self._rising = min(self._rising or [free]), []

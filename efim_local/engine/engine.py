@@ -34,7 +34,7 @@ from .pace import Pace
 from .reuse import Reuse
 from .run import RunOptions, complete_steps, run_steps
 from .slots import SlotManager
-from .speed import PrefillSpeed, load_speed, save_speed, speed_key
+from .speed import PrefillSpeed, load_speed, save_speed, speed_path
 from .status import engine_status
 
 
@@ -147,10 +147,7 @@ class Engine:
         states, it serves the next start (and in-process runs) at once."""
         self.speed_file = None
         if self.store is not None:
-            import llama_cpp
-
-            key = speed_key(model_path, self.config.context, llama_cpp.__version__)
-            self.speed_file = Path(store.dir) / f"speed-{key}.json"
+            self.speed_file = speed_path(store.dir, model_path, self.config.context)
         self.speed = (load_speed(self.speed_file) if self.speed_file else None) or PrefillSpeed()
         self._saved_speed = self.speed.n
         self._near_sized_at: float | None = None  # when size_near last changed it (None: never sized)

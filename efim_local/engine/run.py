@@ -22,6 +22,7 @@ from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, Timings, TokenCounts
 from .decode import GenSpec, answer_rules
 from .instant import Instant, Shown, Through, cached_completion, keep_known
+from .reduction import reduced_by
 from .remote_steps import remote_steps
 from .stream import StopRules
 
@@ -139,6 +140,8 @@ def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()
         tokens = tokens[:cut] + tokens[cut + k:]
     plan_ms = (time.perf_counter() - t0) * 1e3
     context = context_report(plan)
+    if plan.reduced:  # why, and the facts that made the budget bind (reduction.py)
+        context["reduced_by"] = reduced_by(engine, budget_ms(engine, req.how), context)
     if not ro.idle:
         engine.last_context = (context["tokens"], context["full_tokens"])  # (Engine.interrupt)
     if engine.repo is not None:  # the repository context before the prefix: tokens per tier (repoctx.py)

@@ -92,6 +92,15 @@ def speed_key(model_path, context, llama_version: str) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def speed_path(store_dir, model_path, context):
+    """Where the speed learned with this model, machine and KV layout is saved: beside the states."""
+    from pathlib import Path
+
+    import llama_cpp
+
+    return Path(store_dir) / f"speed-{speed_key(model_path, context, llama_cpp.__version__)}.json"
+
+
 def load_speed(path) -> PrefillSpeed | None:
     """The speed saved at ``path``; None if there is none or it is not a sane one (then it is ignored)."""
     import json

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..llama._lib import library_info
 from .models import describe
+from .reduction import prefill_tok_s
 
 
 def sparse_status(engine) -> str:
@@ -19,6 +20,22 @@ def slot_info(engine) -> list[dict]:
     return [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens)} for s in engine.slots.slots]
 
 
+def measure_cores(engine) -> None:
+    """A fresh count of the CPU other processes take (a wait of up to ``cpu.PROBE`` s; not on the
+    engine's thread): the engine's own last window may be a long pause's, or none yet."""
+    cores = getattr(engine, "cores", None)
+    if cores is not None:
+        cores.measure()
+
+
+def budget_status(engine) -> dict:
+    """The latency budget, the prefill speed learned (tokens/s for ``reduction.SPEED_TOKENS`` on an
+    empty slot) and the new tokens the budget prefills at it."""
+    budget, speed = engine.config.max_prompt_ms, engine.speed
+    return {"max_prompt_ms": budget, "prefill_tok_s": prefill_tok_s(speed),
+            "budget_tokens": speed.max_new(budget) if budget > 0 and speed.known else None}
+
+
 def engine_status(engine) -> dict:
     """What is loaded and how it is used."""
     ctx = engine.config.context
@@ -30,9 +47,10 @@ def engine_status(engine) -> dict:
         "fragment_trained": engine.fragment_trained,
         "template": engine.template.source, "n_slots": ctx.n_slots, "n_ctx_seq": ctx.n_ctx_seq,
         "threads": engine.ctx.n_threads, "threads_batch": engine.ctx.n_threads_batch,
-        "threads_auto": cores is not None,
+        "threads_auto": cores is not None, "cores": cores.cores if cores else None,
         "cores_free": cores.free if cores else None,
         "cores_used_by_others": round(cores.others, 2) if cores else None,
+        **budget_status(engine),
         "type_k": ctx.type_k, "type_v": ctx.type_v,
         "flash_attn": ctx.flash_attn, "offload_kqv": ctx.offload_kqv,
         "sliding_window": engine.model.n_swa, "swa_strategy": engine.swa_strategy,

@@ -30,8 +30,8 @@ EFIM = [sys.executable, "-m", "efim_local.cli"]
 ELLIPSIS = "\N{HORIZONTAL ELLIPSIS}"  # stands for "and other keys" in a JSON object
 
 # Values under these keys depend on time or the machine: only their keys and types are compared.
-VOLATILE = {"timings", "pid", "uptime_s", "threads", "threads_batch", "cores_free", "cores_used_by_others",
-            "idle_tasks"}  # machine or timing
+VOLATILE = {"timings", "pid", "uptime_s", "threads", "threads_batch", "cores", "cores_free", "cores_used_by_others",
+            "prefill_tok_s", "idle_tasks"}  # machine or timing
 # In the daemon, which slot serves a request, the slots' contents and tier usage also depend on
 # when idle work (prefill, calibration, saving) ran.
 VOLATILE_DAEMON = VOLATILE | {"slot", "slots", "store", "requests", "python_threads", "engine_time_s"}
@@ -130,6 +130,8 @@ def shape(line: str) -> str:
     line = re.sub(r"\bup [\d.]+ s\b", "up N s", line)
     line = re.sub(r"\b\d+\+\d+ threads\b", "N+N threads", line)
     line = re.sub(r"\b\d+ cores free\b", "N cores free", line)
+    line = re.sub(r"\bprefill (\d+ tok/s|speed not learned yet)", "prefill N tok/s", line)  # the learned speed
+    line = re.sub(r"\buse [\d.]+ of \d+ cores\b", "use N of N cores", line)  # other processes' CPU
     line = re.sub(r"\b\d+(\.\d+)? ms\b", "N ms", line)  # latencies (daemon status)
     line = re.sub(r"^engine time\s.*", "engine time N", line)  # where the engine's time went (the moment's)
     # A used slot's tokens: the prompt and the answer's continuation, which idle work extends while
@@ -320,5 +322,7 @@ def test_shape():
     assert lines_match(["running      pid 8354 on /run/user/1000/efim/efim.sock, up 12.4 s", "..."],
                        ["running  pid 1 on /tmp/x/efim/efim.sock, up 0.3 s", "model x", "slot 0"])
     assert not lines_match(["hits slot=1"], ["hits slot=0"])
+    assert lines_match(["speed prefill 15464 tok/s, other processes use 0.0 of 2 cores"],
+                       ["speed prefill speed not learned yet, other processes use 1.96 of 4 cores"])
     assert lines_match(["requests 1 served, latency p50 4.8 ms / p95 4.8 ms (last 1)"],
                        ["requests 1 served, latency p50 1477.3 ms / p95 12 ms (last 1)"])

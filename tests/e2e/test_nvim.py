@@ -71,7 +71,8 @@ class Relay:
 
     ``drop_method``: the first client message with this method closes its connection (both
     sides) instead of being forwarded. ``hold_s``: replies carrying a ``result`` wait this long
-    before being forwarded (notifications before them pass at once)."""
+    before being forwarded (notifications before them pass at once). ``edit``: called with each
+    reply carrying a ``result`` (a dict it may change) before it is forwarded."""
 
     def __init__(self, path, target):
         self.path, self.target = str(path), str(target)
@@ -80,6 +81,7 @@ class Relay:
         self.connections = 0
         self.drop_method: str | None = None
         self.hold_s = 0.0
+        self.edit = None
         self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.srv.bind(self.path)
         self.srv.listen(8)
@@ -118,6 +120,9 @@ class Relay:
                         raise OSError("dropped")
                     if not up and "result" in msg and self.hold_s:
                         time.sleep(self.hold_s)
+                    if not up and "result" in msg and self.edit:
+                        self.edit(msg)
+                        line = json.dumps(msg).encode()
                     (self.sent if up else self.received).append((n, msg))
                     dst.sendall(line + b"\n")
         except OSError:
@@ -536,6 +541,28 @@ def test_info_line_and_mid_line_position(nv, relay, tmp_path):
     ctx = reply["context"]
     assert f"context {ctx['tokens']}/{ctx['full_tokens']} ({ctx['share']:.0%}" in info  # what the answer used
     assert info.endswith(f"{reply['tokens']['evaluated']} evaluated, {reply['cache_tier']}")
+
+
+def test_info_line_says_why_the_context_was_cut(nv, relay, tmp_path):
+    """A reduced answer's info line says what cut its context and why (``context.reduced_by``: the
+    daemon's tests make real ones, tests/e2e/test_reduced_cause.py; here the relay marks one)."""
+    why = "latency budget 300 ms; the other 900 tokens need 2.6 s at 351 tok/s; other processes use 1.0 of 2 cores"
+
+    def reduce(msg):
+        ctx = msg["result"].get("context") if isinstance(msg["result"], dict) else None
+        if ctx and "tokens" in ctx:
+            ctx.update(full_tokens=ctx["tokens"] + 900, share=0.01, reduced=True,
+                       reduced_by={"cause": "latency_budget", "text": why})
+    relay.edit = reduce
+    src = tmp_path / "r.py"
+    src.write_text("x = 1\n")
+    nv.lua('require("efim").setup({ debounce_ms = 30, max_tokens = 4, info = true })')
+    nv.api.command(f"edit {src}")
+    nv.api.input("Goy")
+    info = wait_for(lambda: next((c[0] for m in nv.marks() for line in m[3].get("virt_lines", [m[3].get("virt_text", [])])
+                                  for c in line if "efim " in c[0]), None))
+    assert re.fullmatch(r"  efim \d+ ms, context \d+/\d+ \(1%, reduced by " + re.escape(why) + r"\), \d+ evaluated, \w+",
+                        info), info
 
 
 # -- the connection ----------------------------------------------------------------------------------

@@ -82,9 +82,13 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert req["files"][str(src)] == {"requests": 2, "hit_rate": 0.5, "cached_tokens": second["tokens"]["cached"],
                                       "prompt_tokens": 2 * second["tokens"]["prompt"]}
     full = second["context"]["full_tokens"]
-    assert req["context"] == {"mean_tokens": float(full), "median_tokens": full, "mean_share": 1.0, "reduced": 0.0}
+    assert req["context"] == {"mean_tokens": float(full), "median_tokens": full, "mean_share": 1.0, "reduced": 0.0,
+                              "last_minute": {"requests": 2, "reduced": 0, "mean_share": 1.0}}
+    assert st["context_help"] == "nothing: the latency budget is off (max_prompt_ms = 0)"  # (the test daemon's)
     text = cli(env, "daemon", "status").stdout.decode()
-    assert f"context used mean {full} tokens (median {full}), 100% of the full plans, 0% reduced" in text
+    assert (f"context used mean {full} tokens (median {full}), 100% of the full plans, 0% reduced by the latency "
+            "budget; last minute: 2 answers, 100% of the full plans, 0 reduced") in text
+    assert "would help   nothing: the latency budget is off (max_prompt_ms = 0)" in text
     heal = f"healing      {'on' if st['heal'] else 'off'}: {st['heal_reason']}"  # (issue 16 decides the defaults)
     for want in ("KV f16/f16", f"layout       {layout}: {why}", heal, "latency p50", "p95",
                  f" 50% hits     2 requests  {src}", "ram tier", "disk tier", "/ 512 MiB", "threads",

@@ -10,7 +10,7 @@ import pytest
 
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.request import Options
-from efim_local.engine.cpu import FreeCores
+from efim_local.engine.cpu import PROBE, FreeCores
 
 from tests.helpers import small_config, wait_until
 
@@ -141,3 +141,20 @@ def test_threads_fall_at_once_and_rise_on_two_windows_in_a_row():
     assert cores.free == 2  # the streak was broken
     cores._set(1.0)
     assert cores.free == 3  # two in a row: the smaller of the two
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_status_measures_a_window_of_its_own(spinner):
+    """``efim status`` measures (``FreeCores.measure``): the engine's last window may be a long
+    pause's, or none at all (a one-shot status showed ``cores_used_by_others 0.0`` at a load of 3)."""
+    cores = FreeCores(every=10)
+    cores._first = False  # (no runnable-tasks guess either: only a measured window counts)
+    t0 = time.monotonic()
+    assert cores.measure() >= 0.75 and cores.free <= CORES - 1 and cores.others >= 0.75
+    assert time.monotonic() - t0 >= PROBE
+    t1 = time.monotonic()
+    cores.measure()  # a status polled again: the window just measured, no new wait
+    assert time.monotonic() - t1 < PROBE
+    time.sleep(PROBE)
+    t2 = time.monotonic()
+    assert cores.measure() >= 0.75 and time.monotonic() - t2 < PROBE  # from the last window's end: no wait

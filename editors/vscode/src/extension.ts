@@ -21,7 +21,13 @@ interface Status {
   daemon_ms?: number;
   cache_tier?: string;
   tokens?: { evaluated?: number; generated?: number };
-  context?: { tokens?: number; full_tokens?: number; share?: number; reduced?: boolean };
+  context?: {
+    tokens?: number;
+    full_tokens?: number;
+    share?: number;
+    reduced?: boolean;
+    reduced_by?: { cause?: string; text?: string };
+  };
 }
 
 /** "1204/2950 ctx (41%, reduced)": the context the answer used, of the full plan's. */
@@ -94,7 +100,8 @@ function showStatus(p: Status) {
   status.text = `$(sparkle) efim ${ms} ${ctx} ${p.cache_tier ?? ""}`.replace(/ +/g, " ").trimEnd();
   status.tooltip = `efim: ${p.model ?? "?"}\nlast completion ${ms} (daemon ${p.daemon_ms ?? "?"} ms), ` +
     `cache tier ${p.cache_tier ?? "?"}, ${p.tokens?.evaluated ?? "?"} tokens evaluated` +
-    (ctx ? `, context ${ctx}` : "") + "\nclick: show the log";
+    (ctx ? `, context ${ctx}` : "") +
+    (p.context?.reduced_by?.text ? `\nreduced by ${p.context.reduced_by.text}` : "") + "\nclick: show the log";
   log.appendLine(`completion: ${ms}, tier ${p.cache_tier}, tokens ${JSON.stringify(p.tokens ?? {})}, ` +
     `context ${JSON.stringify(p.context ?? {})}`);
 }

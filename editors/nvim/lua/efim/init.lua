@@ -102,9 +102,10 @@ local function info_text(res)
   if not (M.config.info and res) then return nil end
   local t, tok, ctx = res.timings or {}, res.tokens or {}, res.context or {}
   local context = ""
-  if ctx.tokens then -- the context the answer used, of the full plan's, and whether the budget cut it
+  if ctx.tokens then -- the context the answer used, of the full plan's, and whether (and why) the budget cut it
+    local why = type(ctx.reduced_by) == "table" and ctx.reduced_by.text
     context = string.format(", context %d/%d (%.0f%%%s)", ctx.tokens, ctx.full_tokens or ctx.tokens,
-      100 * (ctx.share or 1), ctx.reduced and ", reduced" or "")
+      100 * (ctx.share or 1), ctx.reduced and (why and ", reduced by " .. why or ", reduced") or "")
   end
   return string.format("  efim %.0f ms%s, %d evaluated, %s", t.total_ms or 0, context, tok.evaluated or 0,
     tostring(res.cache_tier or "?"))
