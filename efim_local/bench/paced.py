@@ -202,10 +202,18 @@ def typed_next(trace_steps: list[Step], i: int) -> str:
 
 def useful(ghost: str, typed: str) -> bool:
     """Whether a ghost's first line matches what the user typed next for ``USEFUL_CHARS`` characters
-    (or all of that line, when it is shorter)."""
-    g, t = ghost.split("\n", 1)[0], typed.split("\n", 1)[0]
+    (or all of that line, when it is shorter). When the user went on to a new line, the first line
+    is the first one with content, with the line breaks and indentation before it, which count for
+    nothing themselves (a ghost that starts on the next line must get them and 4 characters right)."""
+    lead = len(typed) - len(typed.lstrip(" \t\n")) if typed.startswith("\n") else 0
+    g, t = _first_line(ghost, lead), _first_line(typed, lead)
     n = len(os.path.commonprefix([g, t]))
-    return n > 0 and n >= min(USEFUL_CHARS, len(t))
+    return n > lead and n - lead >= min(USEFUL_CHARS, len(t) - lead)
+
+
+def _first_line(text: str, start: int) -> str:
+    end = text.find("\n", start)
+    return text if end < 0 else text[:end]
 
 
 SETTLED_S = 5.0  # seconds after a file opens from which its context counts as settled

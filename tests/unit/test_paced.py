@@ -45,3 +45,7 @@ def test_what_the_user_typed_next_and_a_useful_ghost():
     assert paced.useful("g(x, [1])\n", typed) and paced.useful("g(x, y)", typed)
     assert not paced.useful("f(x)", typed) and not paced.useful("", typed) and not paced.useful("g(", typed)
     assert paced.useful("x", "x\n") and not paced.useful("anything", "")
+    # the user went on to the next line: the ghost's next line counts, its breaks and indentation alone do not
+    assert paced.useful("\n    cls = Command", "\n    cls = Command\n") and paced.useful("\n    cls =", "\n    cls = C")
+    assert not paced.useful("\n    cls", "\n    cls = C") and not paced.useful("\n    ", "\n    cls = C") and not paced.useful("\n  cls", "\n    cls = C")
+    assert not paced.useful("\n    x = 1", "\n    cls = C") and not paced.useful("cls", "\n    cls = C")
