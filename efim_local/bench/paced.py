@@ -161,8 +161,9 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
                 opened[s.path] = s.t
         i = f.step + 1
         since.append(round(f.t - opened.get(f.path, 0.0), 3))
+    shown = displayed(trace_steps, fired, outcomes, t0)
     rows = []
-    for f, o, since_open in zip(fired, outcomes, since):
+    for f, o, since_open, seen in zip(fired, outcomes, since, shown):
         next_key = t0 + f.next_key_t
         ghost = "".join(text for t, text in o.pieces if t <= next_key)  # what the user saw before typing on
         typed = typed_next(trace_steps, f.step)
@@ -174,8 +175,47 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
                      "stale": o.t_first is None or o.t_first > next_key,  # no ghost before the next key
                      "evaluated": o.evaluated, "cached": o.cached, "reanchor": o.reanchor, "wait_ms": o.wait_ms,
                      "source": o.source, "useful": useful(ghost, typed), "ghost": ghost[:80], "typed_next": typed,
+                     "shown": seen[:80], "useful_shown": useful(seen, typed),
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
+
+
+def displayed(trace_steps: list[Step], fired: list[Fired], outcomes: list[Outcome], t0: float) -> list[str]:
+    """What the editor shows at each request's next key: the request's own text streamed so far, or
+    the rest of an earlier ghost the user typed through (Neovim's and VS Code's ghosts stay, shortened,
+    while the user types their next characters; any other change dismisses them). A request's text
+    replaces the ghost unless the ghost already shows more of it (the Neovim plugin's rule)."""
+    events = [(s.t, 1, "key", i) for i, s in enumerate(trace_steps)]
+    events += [(f.t, 2, "fire", j) for j, f in enumerate(fired)]
+    events += [(t - t0, 3, "piece", (j, k)) for j, o in enumerate(outcomes) if o for k, (t, _) in enumerate(o.pieces)]
+    events += [(f.next_key_t, 0, "look", j) for j, f in enumerate(fired)]  # just before the key
+    out = [""] * len(fired)
+    ghost = None  # (text, path, cursor)
+    latest = -1
+    for _, _, kind, x in sorted(events, key=lambda e: (e[0], e[1])):
+        if kind == "look":
+            f = fired[x]
+            out[x] = ghost[0] if ghost and ghost[1:] == (f.path, f.cursor) else ""
+        elif kind == "fire":
+            latest = x
+        elif kind == "piece":
+            j, k = x
+            f = fired[j]
+            if j != latest or (t0 + f.next_key_t) < outcomes[j].pieces[k][0]:
+                continue  # cancelled by a key: the editor drops it
+            text = "".join(p for _, p in outcomes[j].pieces[:k + 1])
+            if not (ghost and ghost[1:] == (f.path, f.cursor) and ghost[0].startswith(text)):
+                ghost = (text, f.path, f.cursor)
+        else:
+            s = trace_steps[x]
+            typed = s.change[2] if s.kind == "key" and s.change else ""
+            if (typed and ghost and s.path == ghost[1] and s.change[:2] == (ghost[2], ghost[2])
+                    and s.cursor == ghost[2] + len(typed) and len(typed) < len(ghost[0])
+                    and ghost[0].startswith(typed)):
+                ghost = (ghost[0][len(typed):], s.path, s.cursor)
+            else:
+                ghost = None
+    return out
 
 
 USEFUL_CHARS = 4  # a ghost is useful when its first line matches this many characters the user typed next
@@ -224,6 +264,9 @@ def summarize(name: str, rows: list[dict], full_tokens: list[int] | None = None)
     s = {"backend": name, "requests": len(rows), "answered": len(ttft),
          "stale_frac": sum(r["stale"] for r in rows) / max(1, len(rows)),
          "useful_frac": sum(bool(r.get("useful")) for r in rows) / max(1, len(rows)),
+         # with what the editor shows meanwhile: the rest of a ghost typed through (``displayed``)
+         "shown_frac": sum(bool(r.get("shown")) for r in rows) / max(1, len(rows)),
+         "useful_shown_frac": sum(bool(r.get("useful_shown")) for r in rows) / max(1, len(rows)),
          "ttft_p50_ms": bu.pctl(ttft, 0.5), "ttft_p95_ms": bu.pctl(ttft, 0.95), "ttft_p99_ms": bu.pctl(ttft, 0.99),
          **_derived(rows),
          "wait_p95_ms": bu.pctl([r["wait_ms"] for r in rows if r["wait_ms"] is not None], 0.95),

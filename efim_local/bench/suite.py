@@ -115,7 +115,8 @@ def _paced_table(r: dict) -> str:
             f"{r['duration_s']:.0f} s of typing ({r.get('trace', 'efim')} trace); "
             f"latency budget {_budget(r['max_prompt_ms'])}"
             + ("; one core kept busy" if r["busy"] else ""))
-    cols = [c for c in ("backend", "requests", "answered", "stale_frac", "useful_frac", "evaluated_p50", "ttft_p50_ms",
+    cols = [c for c in ("backend", "requests", "answered", "stale_frac", "useful_frac", "useful_shown_frac",
+                        "evaluated_p50", "ttft_p50_ms",
                         "ttft_p95_ms", "ttft_p99_ms",
                         "derived_p50_ms", "derived_p95_ms", "text_after_prefill_p50_ms", "text_after_prefill_p95_ms",
                         "context_frac_mean", "context_frac_shown", "context_median_tokens_5s", "reduced_frac",

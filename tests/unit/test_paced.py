@@ -49,3 +49,27 @@ def test_what_the_user_typed_next_and_a_useful_ghost():
     assert paced.useful("\n    cls = Command", "\n    cls = Command\n") and paced.useful("\n    cls =", "\n    cls = C")
     assert not paced.useful("\n    cls", "\n    cls = C") and not paced.useful("\n    ", "\n    cls = C") and not paced.useful("\n  cls", "\n    cls = C")
     assert not paced.useful("\n    x = 1", "\n    cls = C") and not paced.useful("cls", "\n    cls = C")
+
+
+def test_the_editor_keeps_showing_a_ghost_typed_through():
+    """``displayed``: a ghost stays, shortened, while the user types its next characters; a late
+    answer leaves it; a request's own text replaces it unless the ghost already shows more; any other
+    key dismisses it."""
+    from efim_local.bench.editors import Fired, Outcome, Step
+
+    st = [Step(0.0, "f.py", "open", "x = ", 4),
+          Step(1.0, "f.py", "key", "x = a", 5, (4, 4, "a")),
+          Step(1.5, "f.py", "key", "x = ab", 6, (5, 5, "b")),
+          Step(2.0, "f.py", "key", "x = abz", 7, (6, 6, "z")),
+          Step(3.0, "f.py", "key", "x = abzq", 8, (7, 7, "q"))]
+    fired = [Fired(1, 1.15, "f.py", "x = a", 5, 1.5), Fired(2, 1.65, "f.py", "x = ab", 6, 2.0),
+             Fired(3, 2.15, "f.py", "x = abz", 7, 3.0)]
+    t0 = 100.0
+    outs = [Outcome(t0 + 1.15, pieces=[(t0 + 1.2, "bc"), (t0 + 1.3, "d")]),
+            Outcome(t0 + 1.65, pieces=[(t0 + 1.7, "c"), (t0 + 2.1, "dd")]),  # "c": the ghost shows more
+            Outcome(t0 + 2.15)]
+    assert paced.displayed(st, fired, outs, t0) == ["bcd", "cd", ""]
+    outs[1] = Outcome(t0 + 1.65, pieces=[(t0 + 1.7, "ce")])  # another answer replaces the ghost
+    assert paced.displayed(st, fired, outs, t0)[1] == "ce"
+    fired[1] = Fired(2, 1.65, "f.py", "x = ab", 6, 1.68)  # the answer came after the next key
+    assert paced.displayed(st, fired, outs, t0)[1] == "cd"
