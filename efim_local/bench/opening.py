@@ -10,12 +10,14 @@ jumps there), then, ``wait`` seconds later, a request there. Two conditions:
   was done and was stopped (its states go to disk), and a second one, on the same state directory,
   serves the open (what the store holds from earlier days).
 
-Each (file, condition, wait) runs on a daemon of its own, so no request finds another's KV.
+Each (file, condition, wait) runs on a daemon of its own (``seen``: on a copy of the earlier day's
+state directory), so no request finds another's KV.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import tempfile
 import time
@@ -100,21 +102,36 @@ def _settle(c, path: str) -> None:
         time.sleep(0.5)
 
 
-def one(cfg: OpeningConfig, f: dict, condition: str, wait: float) -> dict:
-    """The first request ``wait`` s after opening ``f`` under ``condition``: one row."""
+def earlier_day(cfg: OpeningConfig, f: dict) -> Path:
+    """A state directory where a daemon had ``f`` open, at its cursor, until its idle work was done."""
     from ..daemon.client import Client
 
     home = Path(tempfile.mkdtemp(prefix="efim-opening-"))
-    path = str(home / "src" / f["file"])  # the same path both days (the store keys states by file)
-    if condition == "seen":  # the earlier day: open, let idle work finish, stop
-        proc, sock = _daemon(cfg, home)
-        try:
-            with Client(sock, timeout=120) as c:
-                c.call("didOpen", {"path": path, "text": f["text"], "version": 0})
-                c.notify("cursor", {"path": path, "offset": f["cursor"]})
-                _settle(c, path)
-        finally:
-            _stop(proc)
+    proc, sock = _daemon(cfg, home)
+    try:
+        with Client(sock, timeout=120) as c:
+            path = _path(home, f)
+            c.call("didOpen", {"path": path, "text": f["text"], "version": 0})
+            c.notify("cursor", {"path": path, "offset": f["cursor"]})
+            _settle(c, path)
+    finally:
+        _stop(proc)
+    return home
+
+
+def _path(home: Path, f: dict) -> str:
+    return str(home / "src" / f["file"])  # the same path both days (the store keys states by file)
+
+
+def one(cfg: OpeningConfig, f: dict, condition: str, wait: float, seen: Path | None = None) -> dict:
+    """The first request ``wait`` s after opening ``f`` under ``condition`` (``seen``: a copy of the
+    earlier day's state directory): one row."""
+    from ..daemon.client import Client
+
+    home = Path(tempfile.mkdtemp(prefix="efim-opening-"))
+    if condition == "seen":
+        shutil.copytree(seen, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("run"))
+    path = _path(home, f)
     proc, sock = _daemon(cfg, home)
     try:
         time.sleep(2.0)  # the daemon measures its prefill speed when idle after start (as paced.py)
@@ -127,15 +144,18 @@ def one(cfg: OpeningConfig, f: dict, condition: str, wait: float) -> dict:
             res = c.call("complete", {"path": path, "position": _position(f["text"], f["cursor"]),
                                       "max_tokens": cfg.max_tokens})
             ms = (time.perf_counter() - t) * 1e3
-            hits = c.call("status")["store"]["hits"]  # a saved state restored (at the open or the request)
+            st = c.call("status")
     finally:
         _stop(proc)
-    ctx = res.get("context", {})
+        shutil.rmtree(home, ignore_errors=True)
+    ctx, hits = res.get("context", {}), st["store"]["hits"]
     return {"trace": f["trace"], "file": f["file"], "file_tokens": f["tokens"], "condition": condition,
             "wait_s": wait, "since_open_s": round(t - t_open + ms / 1e3, 3), "total_ms": round(ms, 1),
             "context_tokens": ctx.get("tokens"), "full_tokens": ctx.get("full_tokens"), "share": ctx.get("share"),
             "head_tokens": ctx.get("head_tokens"), "cache_tier": res.get("cache_tier"),
+            # a saved state restored (at the open or the request)
             "restored": hits.get("ram", 0) + hits.get("disk", 0) > 0,
+            "prefill_tok_s": st.get("prefill_tok_s"), "cores_used_by_others": st.get("cores_used_by_others"),
             "reduced": ctx.get("reduced"), "text": res.get("text", "")[:80], "typed_next": f["typed_next"],
             "useful": useful(res.get("text", ""), f["typed_next"]) if f["typed_next"] else None}
 
@@ -145,8 +165,16 @@ def run(cfg: OpeningConfig, log=print) -> dict:
     from tqdm import tqdm
 
     files = pick_files(cfg.model, cfg.traces, cfg.files, cfg.seed, cfg.tokens)
-    jobs = [(f, cond, w) for f in files for cond in cfg.conditions for w in cfg.waits]
-    rows = [one(cfg, *j) for j in tqdm(jobs, desc="opening", disable=log is None)]
+    rows = []
+    with tqdm(total=len(files) * len(cfg.conditions) * len(cfg.waits), desc="opening", disable=log is None) as bar:
+        for f in files:
+            seen = earlier_day(cfg, f) if "seen" in cfg.conditions else None
+            for cond in cfg.conditions:
+                for w in cfg.waits:
+                    rows.append(one(cfg, f, cond, w, seen))
+                    bar.update(1)
+            if seen is not None:
+                shutil.rmtree(seen, ignore_errors=True)
     summary = summarize(rows)
     path = bu.save("opening", {"config": {k: str(v) for k, v in vars(cfg).items()}, "summary": summary,
                                "rows": rows}, cfg.out)
@@ -171,7 +199,9 @@ def summarize(rows: list[dict]) -> list[dict]:
                         f"at_least_{int(TARGET_SHARE * 100)}%": sum(s >= TARGET_SHARE for s in sh),
                         "tokens_p50": bu.pctl([r["context_tokens"] or 0 for r in rs], 0.5),
                         "total_ms_p50": round(bu.pctl([r["total_ms"] for r in rs], 0.5)),
-                        "restored": sum(r["restored"] for r in rs), "useful": f"{sum(us)}/{len(us)}" if us else "-"})
+                        "restored": sum(r["restored"] for r in rs),
+                        "prefill_tok_s": round(bu.pctl([r["prefill_tok_s"] or 0 for r in rs], 0.5)),
+                        "useful": f"{sum(us)}/{len(us)}" if us else "-"})
     return out
 
 
