@@ -168,7 +168,7 @@ def status(as_json, **model_kw):
         with open_engine(cfg.with_overrides(store=False)) as engine:
             if cfg.store and engine.remote is None:  # the speed a daemon or an earlier run learned here
                 engine.speed = load_speed(speed_path(store_config(cfg).dir, engine.model.path,
-                                                     cfg.context)) or engine.speed
+                                                     cfg.context), engine.policy) or engine.speed
             measure_cores(engine)  # nothing has decoded yet: a window of its own
             engine.fit_threads()  # the threads a first decode would take
             info = engine.status()

@@ -14,7 +14,6 @@ waits, and closes (Cancelled) when one comes; it never calls into a request.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from typing import Callable
 
@@ -64,7 +63,7 @@ def grow_steps(engine, path: str, should_stop=None, light: bool = False):
         grown = yield from staged_steps(engine, planner, session, near, ro, len(partial.suffix_tokens), leave=True)
         # Then the window grows at least as long before another near plan starts (a cursor that
         # jumps every few seconds would otherwise spend all growth on near plans, never the window).
-        state.near_until = time.monotonic() + engine.speed.predict_ms(len(grown), 0) / 1000
+        state.near_until = engine.policy.clock() + engine.speed.predict_ms(len(grown), 0) / 1000
     tokens = yield from staged_steps(engine, planner, session, full, ro, len(partial.suffix_tokens))
     if partial.same_place(session.anchor):  # nothing re-anchored the file meanwhile (a keystroke may have
         # taken part of the growth: the same anchor, trimmed less)
@@ -90,19 +89,6 @@ def staged_steps(engine, planner, session, anchor, ro: RunOptions, first: int, l
     return tokens
 
 
-# A reduced plan whose cached head (from the window's top) holds this many near windows' worth grows
-# its window, not a near plan: on the click trace's jumps within a file, the 1.5B shape's answers
-# from such heads and the lines nearest the cursor scored better than from near plans.
-HEAD_OVER_NEAR = 4
-BEGUN = 16  # tokens of a near plan past its head that a slot must hold for it to count as begun
-STALE = 8  # typed tokens a passed stage may lack before growth brings it up to date
-# A near plan is grown first only if the learned speed computes it within this; the engine sizes the
-# near window to fit (Engine.size_near): on the 1.5B shape (35 tokens/s here) an eighth of the room
-# took 18 s, and the window's context came that much later (24% of the full plans on the efim trace
-# fell to 8%); a thirty-second, 118 tokens, takes about 4 s.
-NEAR_MAX_MS = 5000
-
-
 def held(engine, tokens) -> int:
     """How many of ``tokens`` a live slot holds, a busy one too: a request running there keeps its
     prompt's KV, so growth riding along it must not compute that plan again in another slot."""
@@ -112,24 +98,27 @@ def held(engine, tokens) -> int:
 def near_plan(engine, planner, path: str, full, partial):
     """The near plan growth computes before ``full`` (planner.near_anchor), or None: when the file's
     window has no near window, the reduced plan ``partial`` already holds the lines it would add, the
-    slots already hold it, it would take longer than ``NEAR_MAX_MS`` at the learned speed, or what the
-    window's cached head lacks of its prefix is less than twice the near window (growing the window
-    costs little more), or the file's last near plan was done less than its own time ago (the window
-    grows meanwhile). The near window's size is the engine's (``grow_steps`` sizes it first)."""
+    slots already hold it, it would take longer than ``policy.near_max_ms`` at the learned speed, or
+    what the window's cached head lacks of its prefix is less than twice the near window (growing the
+    window costs little more), or the file's last near plan was done less than its own time ago (the
+    window grows meanwhile), or the cached head holds ``policy.head_over_near`` near windows' worth.
+    The near window's size is the engine's (``grow_steps`` sizes it first)."""
+    policy = engine.policy
     f = engine.files.get(path)
     session = f.session
     near = planner.near_anchor(full, engine.config.max_tokens)
     if (near is None or session.layout != "efim" or engine.remote is not None
             or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)
-            or (partial.base == 0 and partial.head >= HEAD_OVER_NEAR * len(near.prefix_tokens))):
+            or (partial.base == 0 and partial.head >= policy.head_over_near * len(near.prefix_tokens))):
         return None
     peek = lambda toks: held(engine, toks)
     stable = planner.stable_tokens("efim", near)
     have = peek(stable)
-    if have >= len(stable) or not engine.speed.known or engine.speed.predict_ms(len(stable) - have, have) > NEAR_MAX_MS:
+    if (have >= len(stable) or not engine.speed.known
+            or engine.speed.predict_ms(len(stable) - have, have) > policy.near_max_ms):
         return None
-    begun = have > len(planner.head_tokens(())) + BEGUN
-    if not begun and time.monotonic() < f.near_until:
+    begun = have > len(planner.head_tokens(())) + policy.begun
+    if not begun and policy.clock() < f.near_until:
         return None  # a new one waits for the window's turn (one begun goes on)
     top = planner.head_tokens(full.prefix_tokens)
     lacks = len(top) - peek(top)
@@ -146,7 +135,7 @@ def nearest_plan(engine, planner, full, partial, near):
             nearest.prefix_tokens):
         return None
     peek = lambda toks: held(engine, toks)
-    if peek(planner.stable_tokens("efim", near)) > len(planner.head_tokens(())) + BEGUN:
+    if peek(planner.stable_tokens("efim", near)) > len(planner.head_tokens(())) + engine.policy.begun:
         return None
     stable = planner.stable_tokens("efim", nearest)
     return nearest if peek(stable) < len(stable) else None
@@ -156,7 +145,7 @@ def stages(engine, planner, session, full, tokens, first: int = 0) -> list[tuple
     """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
     context grown so far at the cost of the tokens typed since (``run.adopt_growth``): the full plan
     cut at each of ``run.stage_ends``, then the middle marker and the typed text. The last stage
-    growth has passed comes first when it lacks more than ``STALE`` tokens of the text typed since
+    growth has passed comes first when it lacks more than ``policy.stale`` tokens of the text typed since
     (which a keystroke taking it would pay for), then those ahead; stages a slot holds are left out."""
     if session.layout != "efim" or engine.remote is not None:  # (replicas: the whole plan at once)
         return []
@@ -165,12 +154,12 @@ def stages(engine, planner, session, full, tokens, first: int = 0) -> list[tuple
     # there, and the next idle step would redo it.)
     peek = lambda toks: held(engine, toks)
     frontier = peek(tokens)
-    ends = stage_ends(planner, full, first)
+    ends = stage_ends(planner, full, engine.policy, first)
     passed = [e for e in ends if e <= frontier]
     out = []
     for end in passed[-1:] + [e for e in ends if e > frontier]:
         stage = (*tokens[:end], *planner.markers.mid, *typed)
-        if peek(stage) < len(stage) - (STALE if end <= frontier else 0):
+        if peek(stage) < len(stage) - (engine.policy.stale if end <= frontier else 0):
             out.append(stage)
     return out
 
@@ -186,6 +175,7 @@ class Alongside:
 
     def __init__(self, engine, path: str | None, t0: float, should_stop=None, yield_to=None):
         self.engine, self.path, self.should_stop, self.yield_to = engine, path, should_stop, yield_to
+        self.clock = engine.policy.clock  # (``t0`` is of this clock)
         cfg = engine.config
         self.share, self.window = cfg.grow_share, t0 + cfg.grow_window_ms / 1e3
         self.on = self.share > 0 and len(engine.slots.slots) >= 2
@@ -193,14 +183,14 @@ class Alongside:
 
     def step(self) -> None:
         """One growth chunk, if it is due (the engine thread, between two of the request's steps)."""
-        t = time.perf_counter()
+        t = self.clock()
         if (not self.on or t < self.next_at or t >= self.window or not self.engine.slots.free()
                 or not reduced(self.engine, self.path)):
             return  # (no slot without a request in it: nowhere to grow)
         if self.yield_to is not None and self.yield_to():
             return
         deadline = t + riding_s(self.engine)
-        stop = lambda: (time.perf_counter() >= deadline or (self.should_stop is not None and self.should_stop())
+        stop = lambda: (self.clock() >= deadline or (self.should_stop is not None and self.should_stop())
                         or (self.yield_to is not None and self.yield_to()))
         try:
             drive(grow_steps(self.engine, self.path, stop, light=True))
@@ -210,7 +200,7 @@ class Alongside:
             log.exception("growth during generation failed")
             self.on = False
             return
-        done = time.perf_counter()
+        done = self.clock()
         self.next_at = done + (done - t) * (1 - self.share) / self.share
 
 
@@ -284,19 +274,15 @@ def calibrate_steps(engine, should_stop=None, n: int = 64):
         engine.reuse.clear(slot)
 
 
-QUIET_SHARE = 0.5  # an idle chunk may last this share of the time since the last foreground work
-WINDOW_SHARE = 0.9  # and this share of the time before the next request can come (the speed is an estimate)
-
-
 def idle_chunk(engine, n_ctx: int) -> int:
     """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about
     ``idle_chunk_ms`` on this machine now, within [8, idle_chunk_tokens]; more where a bigger batch
     is safe, since it prefills more tokens a second (0.5B shape at 1,000 tokens of context: 122
     tokens/s in batches of 8, 149 in 16, 180 in 32, 192 in 64, llama_decode alone):
     - right after a keystroke, what ends before the next request can come (the editor's debounce,
-      ``engine.pace``): while someone types, keys come every ~200 ms;
-    - in a quiet spell, half the quiet so far: a request that comes stops it anyway
-      (``Engine.interrupt``).
+      ``engine.pace``; ``policy.window_share`` of it): while someone types, keys come every ~200 ms;
+    - in a quiet spell, half the quiet so far (``policy.quiet_share``): a request that comes stops it
+      anyway (``Engine.interrupt``).
     Sets ``engine.patience_s``: the time of a chunk of the usual size."""
     cap = engine.config.idle_chunk_tokens
     if not engine.speed.known:
@@ -304,12 +290,13 @@ def idle_chunk(engine, n_ctx: int) -> int:
     base_ms = engine.config.idle_chunk_ms
     base = max(8, min(cap, engine.speed.max_new(base_ms, n_ctx)))
     engine.patience_s = engine.speed.predict_ms(base, n_ctx) / 1e3
-    now = time.perf_counter()
+    policy = engine.policy
+    now = policy.clock()
     window_ms = engine.pace.window_s(now) * 1e3
     if window_ms > 0:  # no request before the editor's debounce ends: a batch that ends by then
         # (never smaller than the usual chunk: on a slow model tiny batches waste more than a stopped one)
-        return at_least(engine, base, window_ms * WINDOW_SHARE, n_ctx)
-    return at_least(engine, base, (now - engine.active_at) * 1e3 * QUIET_SHARE, n_ctx)
+        return at_least(engine, base, window_ms * policy.window_share, n_ctx)
+    return at_least(engine, base, (now - engine.active_at) * 1e3 * policy.quiet_share, n_ctx)
 
 
 def riding_s(engine) -> float:
@@ -317,7 +304,7 @@ def riding_s(engine) -> float:
     editor's debounce once it is known (``engine.pace``): the answer it rides along is cancelled by
     the next keystroke, and the request that keystroke sends comes only after the debounce (in the
     daemon a request or a call that comes sooner stops the batch: ``Scheduler._step``)."""
-    return max(engine.config.idle_chunk_ms / 1e3, engine.pace.debounce_s * WINDOW_SHARE)
+    return max(engine.config.idle_chunk_ms / 1e3, engine.pace.debounce_s * engine.policy.window_share)
 
 
 def riding_chunk(engine, n_ctx: int) -> int:

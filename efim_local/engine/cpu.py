@@ -8,7 +8,7 @@ before each decode, so one long answer adapts too (a few small reads of ``/proc`
 keystroke path worth counting). The window is the time since the last check: after a long pause it
 is the pause's average load.
 
-``efim status`` asks :meth:`FreeCores.measure`: a window of its own (``PROBE`` s, taken again
+``efim status`` asks :meth:`FreeCores.measure`: a window of its own (``cpu_probe_s``, taken again
 only when the last one is older), since the engine's last window may be a long pause's average, or,
 in a one-shot ``efim status``, none at all (it showed ``cores_used_by_others 0.0`` at a load of 3).
 
@@ -24,7 +24,7 @@ alike, so their use divided by the share of runnable time that actually ran is t
 
 The costs are not symmetric: a thread too many beside a busy process stalls every layer (9x slower
 on 2 cores), a thread too few costs at most that core's share. So the count falls on one window
-and rises only when ``RISE`` windows in a row agree: one noisy short window (a few jiffies) never
+and rises only when ``cores_rise`` windows in a row agree: one noisy short window (a few jiffies) never
 puts a second thread beside a spinning process.
 """
 
@@ -34,17 +34,9 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-# Other processes' load that takes a core away, in cores: a core-bound process shows as ~1.0; an
-# editor, or the benchmark's own client, as a fraction (which must not halve the threads).
-TAKEN = 0.75
-# Below this much of our own run time in a window (seconds per second), our wait ratio is noise.
-MIN_RAN = 0.05
-# Windows in a row that must show more free cores before the count rises.
-RISE = 2
-# Status's own window (s), and how old its last one may be for a new one to start from it.
-PROBE = 0.25
-PROBE_REUSE = 5.0
+from .policy import Policy  # the thresholds and windows: cores_taken, min_ran, cores_rise, cpu_probe_s
 
 
 @dataclass
@@ -74,7 +66,7 @@ def _schedstat() -> tuple[int, int]:
     return ran, waited
 
 
-def _snap(cpus: frozenset[int]) -> _Snap | None:
+def _snap(cpus: frozenset[int], clock: Callable[[], float]) -> _Snap | None:
     """Jiffies of the CPUs this process may run on (its affinity: a busy CPU outside it is no
     concern), and of this process."""
     try:
@@ -92,7 +84,7 @@ def _snap(cpus: frozenset[int]) -> _Snap | None:
         own = int(rest[11]) + int(rest[12])  # utime, stime: all threads
     except (OSError, ValueError, IndexError):
         return None
-    return _Snap(time.monotonic(), total, busy, own, *_schedstat())
+    return _Snap(clock(), total, busy, own, *_schedstat())
 
 
 def _running_others() -> int | None:
@@ -107,11 +99,12 @@ def _running_others() -> int | None:
     return None
 
 
-def demand(used: float, ran: float, waited: float, cores: int) -> float:
+def demand(used: float, ran: float, waited: float, cores: int, min_ran: float = Policy.min_ran) -> float:
     """Other processes' demand in cores, from what they ``used`` (cores) while this process's
     threads ran ``ran`` and waited ``waited`` (seconds of thread time per second of window): under
-    a fair scheduler everyone runnable waits alike, so use / (share that ran) is what they wanted."""
-    if ran < MIN_RAN or waited <= 0:
+    a fair scheduler everyone runnable waits alike, so use / (share that ran) is what they wanted.
+    Below ``min_ran`` of our own run time the wait ratio is noise: their use is their demand."""
+    if ran < min_ran or waited <= 0:
         return min(float(cores), used)
     return min(float(cores), used * (ran + waited) / ran)
 
@@ -119,13 +112,15 @@ def demand(used: float, ran: float, waited: float, cores: int) -> float:
 class FreeCores:
     """Counts the cores other processes leave free (``sample()``), over windows of at least ``every`` s."""
 
-    def __init__(self, every: float = 0.5):
+    def __init__(self, every: float = 0.5, policy: Policy | None = None):
+        self.policy = policy = Policy() if policy is None else policy
+        self.clock = policy.clock
         self.cpus = frozenset(os.sched_getaffinity(0))
         self.cores = len(self.cpus)
         self.every = every
         self.others = 0.0  # cores' worth of CPU other processes wanted in the last window
         self.free = self.cores
-        self._last = _snap(self.cpus)
+        self._last = _snap(self.cpus, self.clock)
         self._first = True  # no window measured yet
         self._rising: list[int] = []  # the last windows' counts, while each showed more than ``free``
         self._probe: _Snap | None = None  # where status's last window ended (measure)
@@ -134,14 +129,14 @@ class FreeCores:
     def sample(self) -> int:
         """Free cores now (at least 1): the last window's, re-measured if it is ``every`` s old."""
         last = self._last
-        if last is None or time.monotonic() - last.t < self.every:
+        if last is None or self.clock() - last.t < self.every:
             if self._first:  # no window yet: the tasks runnable now
                 self._first = False
                 others = _running_others()
                 if others is not None:
                     self._set(min(float(self.cores), float(others)))
             return self.free
-        now = _snap(self.cpus)
+        now = _snap(self.cpus, self.clock)
         others = self._between(last, now)
         if others is None:
             return self.free
@@ -151,19 +146,19 @@ class FreeCores:
 
     def measure(self) -> float:
         """Other processes' demand now, in cores (``efim status``; any thread), over a window of its
-        own: the last one's end if it is at most ``PROBE_REUSE`` s old, else a new one of ``PROBE`` s
-        (a wait). A window shorter than ``PROBE`` is not measured again. The count follows it, and
+        own: the last one's end if it is at most ``cpu_probe_reuse_s`` old, else a new one of ``cpu_probe_s``
+        (a wait). A window shorter than ``cpu_probe_s`` is not measured again. The count follows it, and
         the engine's next window starts at its end."""
-        now = _snap(self.cpus)
+        now = _snap(self.cpus, self.clock)
         probe = self._probe
         if now is None:
             return self.others
-        if probe is not None and now.t - probe.t < PROBE:
+        if probe is not None and now.t - probe.t < self.policy.cpu_probe_s:
             return self.others
-        if probe is None or now.t - probe.t > PROBE_REUSE:
+        if probe is None or now.t - probe.t > self.policy.cpu_probe_reuse_s:
             probe = now
-            time.sleep(PROBE)
-            now = _snap(self.cpus)
+            time.sleep(self.policy.cpu_probe_s)
+            now = _snap(self.cpus, self.clock)
         others = self._between(probe, now) if now is not None else None
         if others is not None:
             self._set(others)
@@ -180,12 +175,12 @@ class FreeCores:
         used = max(0, (now.busy - last.busy) - (now.own - last.own)) / (now.total - last.total) * self.cores
         span = max(now.t - last.t, 1e-3) * 1e9
         ran, waited = max(0, now.ran - last.ran) / span, max(0, now.waited - last.waited) / span
-        return demand(used, ran, waited, self.cores)
+        return demand(used, ran, waited, self.cores, self.policy.min_ran)
 
     def _set(self, others: float) -> None:
         with self._lock:  # the engine's thread and a status call's
             self.others = others
-            free = max(1, min(self.cores, self.cores - int(others + 1 - TAKEN)))
+            free = max(1, min(self.cores, self.cores - int(others + 1 - self.policy.cores_taken)))
             self._rising = self._rising + [free] if free > self.free else []
-            if free < self.free or len(self._rising) >= RISE:
+            if free < self.free or len(self._rising) >= self.policy.cores_rise:
                 self.free, self._rising = min(self._rising or [free]), []

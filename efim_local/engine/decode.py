@@ -13,6 +13,7 @@ from ..llama import Batch, Context, Model, Sampler
 from ..prompt import healing
 from ..prompt.healing import Healer
 from . import drafts
+from .policy import Policy
 from .slots import Slot, SlotManager
 from .stream import StopRules, TextStream
 
@@ -38,8 +39,11 @@ class Decoder:
     """Drives ``llama_decode`` for one slot at a time (the engine thread only)."""
 
     def __init__(self, model: Model, ctx: Context, batch: Batch, slots: SlotManager, stop_tokens: frozenset[int],
-                 observe=None):
-        """``observe(n_new, n_ctx, ms)`` learns from every prefill batch (the latency budget's speed)."""
+                 observe=None, policy: Policy | None = None):
+        """``observe(n_new, n_ctx, ms)`` learns from every prefill batch (the latency budget's speed);
+        ``policy``: the drafts' knobs and the clock that times batches (the speed, interrupts)."""
+        self.policy = Policy() if policy is None else policy
+        self.clock = self.policy.clock
         self.model, self.ctx, self.batch, self.slots = model, ctx, batch, slots
         self.stop_tokens = stop_tokens
         self.observe = observe
@@ -54,7 +58,7 @@ class Decoder:
         self.drafting = True
         self.markers = None
         self.free_cores = None  # () -> (free, all)
-        self.draft_stats = drafts.DraftStats()
+        self.draft_stats = drafts.DraftStats(self.policy)
 
     @property
     def healer(self) -> Healer:
@@ -90,7 +94,7 @@ class Decoder:
             self.batch.extend(part, pos, slot.seq)
             if pos + len(part) == len(prompt):
                 self.batch.raw.logits[len(part) - 1] = True
-            t = time.perf_counter()
+            t = self.clock()
             if self.interruptible:
                 if self.stop_next:
                     self.ctx.interrupt()
@@ -101,7 +105,7 @@ class Decoder:
             finally:
                 self.batch_span = None
             if self.observe is not None:
-                self.observe(len(part), pos, (time.perf_counter() - t) * 1e3)
+                self.observe(len(part), pos, (self.clock() - t) * 1e3)
             pos += len(part)
             slot.tokens = prompt[:pos]
         return len(prompt) - n_common
@@ -166,16 +170,16 @@ class Decoder:
             elif ready:
                 tok = ready.pop(0)
             elif row is None and drafter is not None and not heal and (draft := drafter.propose(ids)):
-                t = time.perf_counter()
+                t = self.clock()
                 ready = drafts.verify(self, slot, prompt, ids, draft)
-                drafter.taken(len(ids), len(draft), len(ready) - 1, time.perf_counter() - t)
+                drafter.taken(len(ids), len(draft), len(ready) - 1, self.clock() - t)
                 tok = ready.pop(0)
             else:
                 if row is None:
-                    t = time.perf_counter()
+                    t = self.clock()
                     row = self.logits_after(slot, prompt, ids)
                     if drafter is not None and self.batch.raw.n_tokens == 1:
-                        self.draft_stats.plain(time.perf_counter() - t)  # one token decoded: the cost to beat
+                        self.draft_stats.plain(self.clock() - t)  # one token decoded: the cost to beat
                 tok = (healing.pick(self.ctx.logits(row), self.healer.allowed(heal)) if heal
                        else sampler.sample(self.ctx, row))
             row = None  # read: the next token needs this one decoded
@@ -222,7 +226,8 @@ class Decoder:
         if not self.drafting or sampler.params.temperature > 0:
             return None
         free, cores = self.free_cores() if self.free_cores is not None else (1, 1)
-        cap = drafts.MAX_DRAFT if free >= cores else max(2, drafts.MAX_DRAFT // 2)
+        most = self.policy.max_draft
+        cap = most if free >= cores else max(2, most // 2)
         return drafts.Drafter(prompt, suffix, self.draft_stats.history, cap, self.draft_stats)
 
     def held(self, slot: Slot, prompt: np.ndarray, ids: list[int]) -> tuple[np.ndarray, int]:

@@ -17,8 +17,9 @@ the first that differs, plus that row's own token. At temperature 0 the output i
 to plain decoding (only greedy runs draft). Rejected drafts' KV is cut.
 
 The draft length adapts: it grows while whole drafts are taken and shrinks to what was taken; it is
-at most ``MAX_DRAFT`` with every core free, half that when other processes use some. When the tokens
-taken per verified draft token fall low, drafting pauses for ``PAUSE`` tokens, then probes again.
+at most ``max_draft`` with every core free, half that when other processes use some. When the tokens
+taken per verified draft token fall low, drafting pauses for ``draft_pause`` tokens, then probes again.
+(Those knobs are the engine's policy: ``policy.py``, the ``draft_`` fields.)
 """
 
 from __future__ import annotations
@@ -28,13 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
-MAX_DRAFT = 8
+from .policy import Policy
+
 MIN_NGRAM, MAX_NGRAM = 1, 3
-HISTORY = 8  # earlier completions searched for n-grams
-LOW_ACCEPT = 0.25  # below this share of drafted tokens taken (smoothed), drafting pauses
-PAUSE = 16  # tokens decoded plainly before drafting probes again
-PLAIN_EVERY = 48  # a plain decode after this many tokens keeps its cost known
-SMOOTH = 0.3  # weight of the latest verification in the smoothed acceptance
 MIN_REJOIN = 6  # non-blank characters the rejoin text spans at least
 SUFFIX_PEEK = 64  # suffix tokens read for the rejoin text
 
@@ -114,17 +111,17 @@ class Drafter:
     def __init__(self, prompt: np.ndarray, suffix: np.ndarray, history: Sequence[np.ndarray], cap: int,
                  stats: "DraftStats"):
         self.prompt, self.suffix, self.history = prompt, suffix, list(history)
-        self.cap, self.stats = cap, stats
+        self.cap, self.stats, self.policy = cap, stats, stats.policy
         self.k = min(cap, max(2, stats.k))
-        self.paused_until = PAUSE if stats.costly() else 0
-        self.plain_at = PLAIN_EVERY
+        self.paused_until = self.policy.draft_pause if stats.costly() else 0
+        self.plain_at = self.policy.draft_plain_every
 
     def propose(self, ids: list[int]) -> list[int]:
         """Up to ``k`` tokens likely to follow ``ids`` (the output so far); [] to decode plainly."""
         if len(ids) < self.paused_until or not ids:
             return []
         if self.stats.plain_s is None or len(ids) >= self.plain_at:  # a plain decode: the cost to beat
-            self.plain_at = len(ids) + PLAIN_EVERY
+            self.plain_at = len(ids) + self.policy.draft_plain_every
             return []
         out = np.asarray(ids, dtype=np.int32)
         for n in range(min(MAX_NGRAM, len(ids)), MIN_NGRAM - 1, -1):
@@ -141,11 +138,12 @@ class Drafter:
         self.stats.note(drafted, accepted, seconds)
         self.k = min(self.cap, self.k + 2) if accepted == drafted else max(1, accepted + 1)
         self.stats.k = self.k
-        if self.stats.rate < LOW_ACCEPT:
-            self.paused_until = n_ids + PAUSE
-            self.stats.rate = LOW_ACCEPT  # the probe after the pause starts from the threshold
+        low, pause = self.policy.draft_low_accept, self.policy.draft_pause
+        if self.stats.rate < low:
+            self.paused_until = n_ids + pause
+            self.stats.rate = low  # the probe after the pause starts from the threshold
         elif self.stats.costly():
-            self.paused_until = n_ids + PAUSE
+            self.paused_until = n_ids + pause
 
 
 class DraftStats:
@@ -154,24 +152,26 @@ class DraftStats:
     dominates (a large vocabulary on a CPU: every verified row costs its logits) may decode no
     faster with drafts: they pause then, and probe again later."""
 
-    def __init__(self):
+    def __init__(self, policy: Policy | None = None):
+        self.policy = policy = Policy() if policy is None else policy
         self.drafted = self.accepted = self.verifications = 0
         self.rate = 0.5
         self.k = 4
         self.plain_s = self.draft_s = None  # smoothed seconds per token
-        self.history: deque[np.ndarray] = deque(maxlen=HISTORY)
+        self.history: deque[np.ndarray] = deque(maxlen=policy.draft_history)
 
     def note(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
         self.drafted += drafted
         self.accepted += accepted
         self.verifications += 1
-        self.rate = (1 - SMOOTH) * self.rate + SMOOTH * (accepted / max(1, drafted))
+        w = self.policy.draft_smooth
+        self.rate = (1 - w) * self.rate + w * (accepted / max(1, drafted))
         if seconds > 0:
-            self.draft_s = _ema(self.draft_s, seconds / (accepted + 1))
+            self.draft_s = _ema(self.draft_s, seconds / (accepted + 1), w)
 
     def plain(self, seconds: float) -> None:
         """A plain decode took ``seconds`` (one token)."""
-        self.plain_s = _ema(self.plain_s, seconds)
+        self.plain_s = _ema(self.plain_s, seconds, self.policy.draft_smooth)
 
     def costly(self) -> bool:
         """Whether verified drafts have cost more per token than plain decodes lately."""
@@ -183,8 +183,8 @@ class DraftStats:
                 "ms_per_token": {"plain": _ms(self.plain_s), "drafts": _ms(self.draft_s)}}
 
 
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - SMOOTH) * old + SMOOTH * new
+def _ema(old: float | None, new: float, w: float) -> float:
+    return new if old is None else (1 - w) * old + w * new
 
 
 def _ms(s: float | None) -> float | None:

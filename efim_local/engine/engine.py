@@ -10,7 +10,6 @@ not come yet (growth, prefill, calibration) is in ``background.py``.
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from .files import Files
 from .instant import Instant, ahead_steps, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .pace import Pace
+from .policy import Policy
 from .reuse import Reuse
 from .run import RunOptions, complete_steps, run_steps
 from .slots import SlotManager
@@ -39,15 +39,6 @@ from .status import engine_status
 
 
 log = logging.getLogger("efim.engine")
-NEAR_REGROW = 0.75  # of NEAR_MAX_MS, within which a bigger near window must compute to grow back
-# Seconds after a change of the near window's size before it grows back: a fresh daemon's speed swings
-# while it learns (the 1.5B shape's went 1/16, 1/32, 1/16, 1/32 in its first minute), and each change
-# moves near windows. (Holding a shrink back too kept a first guess too big for 30 s: 1.5B context 20% -> 8%.)
-NEAR_RESIZE_S = 30.0
-
-# Below this much context (prompt tokens of prefix and suffix) the latest answer was starved: a
-# request then waits for the background batch it lands in (growth) rather than drop it.
-STARVED = 1024
 
 
 def make_planner(model: Model, config: Config) -> tuple[templates.Template, Planner]:
@@ -69,13 +60,16 @@ class Engine:
     """Owns the llama.cpp model and context. Not thread-safe: one thread drives it.
 
     Use it as a context manager; ``close()`` saves dirty slots, then frees everything in
-    reverse order of creation."""
+    reverse order of creation. ``policy``: its timing and scheduling tunables and its clock
+    (``policy.py``; None: the defaults)."""
 
     remote = None  # a backend.Pool: replicas run its requests first (engine/remote.py)
     repo = None  # repoctx.RepoLeads: repository context before the files' prefixes (config repo_context)
 
-    def __init__(self, config: Config, model_path: str | Path, store: StoreConfig | None = None):
+    def __init__(self, config: Config, model_path: str | Path, store: StoreConfig | None = None,
+                 policy: Policy | None = None):
         self.config = config
+        self.policy = policy = Policy() if policy is None else policy
         with ExitStack() as stack:
             self.model = stack.enter_context(
                 Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu))
@@ -111,15 +105,15 @@ class Engine:
                 if self.store is not None and self.sparse is not None:
                     self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
             self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens,
-                                   observe=lambda n, c, ms: self.speed.observe(n, c, ms))
+                                   observe=lambda n, c, ms: self.speed.observe(n, c, ms), policy=policy)
             self.decoder.predict_ms = lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None
             self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
-            self.active_at = 0.0  # perf_counter() of the latest foreground work (the scheduler's)
+            self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
             self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
-            self.pace = Pace()  # keystrokes and requests: when the next request can come (idle chunks' size)
+            self.pace = Pace(policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
             self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
-                               self.n_stream, self.swa)
+                               self.n_stream, self.swa, policy=policy)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             text_markers = self.template.source == "text"
             self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
@@ -134,7 +128,7 @@ class Engine:
             # Automatic threads; not with flash attention, whose single-token split over the KV follows
             # the thread count (the answer must not depend on the machine's load).
             auto = not (cp.n_threads and cp.n_threads_batch) and not cp.flash_attn
-            self.cores = FreeCores() if auto else None
+            self.cores = FreeCores(policy=policy) if auto else None
             self.decoder.fit = self.fit_threads  # per decode: one long answer adapts too
             self.decoder.drafting, self.decoder.markers = config.drafts, self.template.markers
             self.decoder.free_cores = lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1)
@@ -148,7 +142,8 @@ class Engine:
         self.speed_file = None
         if self.store is not None:
             self.speed_file = speed_path(store.dir, model_path, self.config.context)
-        self.speed = (load_speed(self.speed_file) if self.speed_file else None) or PrefillSpeed()
+        self.speed = ((load_speed(self.speed_file, self.policy) if self.speed_file else None)
+                      or PrefillSpeed(policy=self.policy))
         self._saved_speed = self.speed.n
         self._near_sized_at: float | None = None  # when size_near last changed it (None: never sized)
 
@@ -194,22 +189,23 @@ class Engine:
 
     def size_near(self) -> None:
         """Sizes the near window (prompt/windows.py) by the learned prefill speed: the largest share of
-        the room whose near plan it computes within ``background.NEAR_MAX_MS`` (an eighth on the 0.5B
+        the room whose near plan it computes within ``policy.near_max_ms`` (an eighth on the 0.5B
         shape here, a thirty-second on the 1.5B). It shrinks as soon as the speed falls (a busy
         machine; a fresh daemon's first guess) and grows back only when the bigger share computes
-        within ``NEAR_REGROW`` of that, ``NEAR_RESIZE_S`` after its last change at the soonest, so near
-        windows stay put while the speed wavers."""
+        within ``policy.near_regrow`` of that, ``policy.near_resize_s`` after its last change at the
+        soonest, so near windows stay put while the speed wavers."""
         if not self.speed.known or self.remote is not None:
             return
-        sized, clock = self._near_sized_at, time.monotonic()
+        policy = self.policy
+        sized, clock = self._near_sized_at, policy.clock()
         space, now = self.planner.space(self.config.max_tokens), self.planner.near
         fits = lambda ms: near_share(space, lambda n: self.speed.predict_ms(n, 0), ms)
         size = lambda share: space // share if share else 0
-        share = fits(background.NEAR_MAX_MS)
+        share = fits(policy.near_max_ms)
         if sized is not None and size(share) >= size(now):
-            if clock - sized < NEAR_RESIZE_S:
+            if clock - sized < policy.near_resize_s:
                 return
-            share = fits(background.NEAR_MAX_MS * NEAR_REGROW)
+            share = fits(policy.near_max_ms * policy.near_regrow)
             if size(share) <= size(now):
                 return
         self._near_sized_at = clock
@@ -241,7 +237,7 @@ class Engine:
     def complete(self, req: CompletionRequest, on_text=None, should_stop=None) -> Completion:
         """Plan and complete a request, growing its reduced plan alongside as the daemon does.
         ``on_text`` receives streamed text; ``should_stop()`` cancels (Cancelled)."""
-        self.active_at = time.perf_counter()
+        self.active_at = self.policy.clock()
         ride = background.Alongside(self, req.path, self.active_at, should_stop)
         return background.drive_riding(complete_steps(self, req, RunOptions(on_text=on_text, should_stop=should_stop)),
                                        ride)
@@ -273,13 +269,13 @@ class Engine:
         Unless little of it is left: less than half of it, and less than half of ``patience_s`` (a
         chunk of the usual size; idle chunks grow in quiet spells, background.idle_chunk): finishing
         it wastes less than dropping it. And unless the latest answer had little context
-        (``STARVED``) and no more than ``patience_s`` is left: then every batch of growth is worth
+        (``policy.starved``) and no more than ``patience_s`` is left: then every batch of growth is worth
         more than the wait (on the 1.5B shape, interrupting cut the mean context from 15% to 4% of
         the full plan). Either way the next batch stops at once."""
-        self.active_at = time.perf_counter()
+        self.active_at = self.policy.clock()
         span = self.decoder.batch_span
         used, full = self.last_context
-        starved = used < min(STARVED, full)
+        starved = used < min(self.policy.starved, full)
         if span is None:
             wait = starved
         else:

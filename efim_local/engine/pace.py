@@ -15,47 +15,40 @@ work is lost.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 
-SAMPLES = 16  # recent requests the debounce is learned from
-MIN_SAMPLES = 4  # fewer: no guess
-MAX_GAP_S = 2.0  # a request later than this after the last keystroke tells nothing of the debounce
-MAX_DEBOUNCE_S = 1.0
-SLACK_S = 0.03  # how late after the debounce a request still comes (IPC, the editor's timer)
-QUANTILE = 4  # the debounce is the 1/QUANTILE-th smallest gap: a few requests asked at once (an accepted
-# suggestion's next one, a manual trigger, another client's) do not turn it off
-MAX_MISSES = 3  # keystrokes in a row whose debounce passed without a request (typing where no completion is
-# asked, another client's edits): idle work stops waiting for requests until one comes
+from .policy import Policy
 
 
 class Pace:
     """Keystrokes and requests as they come (any thread); ``window_s()``: how long from now no request
     is expected (0 when that is not known)."""
 
-    def __init__(self):
+    def __init__(self, policy: Policy | None = None):
+        self.policy = policy = Policy() if policy is None else policy
+        self.clock = policy.clock
         self._lock = threading.Lock()
-        self.key_at = 0.0  # perf_counter() of the latest keystroke (didChange)
+        self.key_at = 0.0  # clock() of the latest keystroke (didChange)
         self.request_at = 0.0  # and of the latest request
         self.misses = 0  # keystrokes in a row whose debounce passed without a request
-        self.gaps: deque[float] = deque(maxlen=SAMPLES)  # keystroke -> next request, seconds
+        self.gaps: deque[float] = deque(maxlen=policy.debounce_samples)  # keystroke -> next request, seconds
 
     def typed(self, now: float | None = None) -> None:
         """A document changed (a keystroke)."""
-        now = time.perf_counter() if now is None else now
+        now = self.clock() if now is None else now
         debounce = self.debounce_s
         with self._lock:
-            if debounce and self.key_at > self.request_at and now > self.key_at + debounce + SLACK_S:
+            if debounce and self.key_at > self.request_at and now > self.key_at + debounce + self.policy.slack_s:
                 self.misses += 1
             self.key_at = now
 
     def requested(self, now: float | None = None) -> None:
         """A completion request came."""
-        now = time.perf_counter() if now is None else now
+        now = self.clock() if now is None else now
         with self._lock:
             self.request_at, self.misses = now, 0
             gap = now - self.key_at
-            if 0 <= gap <= MAX_GAP_S:
+            if 0 <= gap <= self.policy.max_gap_s:
                 self.gaps.append(gap)
 
     @property
@@ -63,13 +56,14 @@ class Pace:
         """The keystroke-to-request time the editor waits (a low quantile of the recent ones; 0 until
         enough requests were seen)."""
         with self._lock:
-            if len(self.gaps) < MIN_SAMPLES:
+            if len(self.gaps) < self.policy.debounce_min_samples:
                 return 0.0
-            return min(sorted(self.gaps)[(len(self.gaps) - 1) // QUANTILE], MAX_DEBOUNCE_S)
+            return min(sorted(self.gaps)[(len(self.gaps) - 1) // self.policy.debounce_quantile],
+                       self.policy.max_debounce_s)
 
     def window_s(self, now: float | None = None) -> float:
         """Seconds from ``now`` before which no request is expected (0: one may come any moment)."""
-        now = time.perf_counter() if now is None else now
+        now = self.clock() if now is None else now
         debounce = self.debounce_s
         with self._lock:
             return max(0.0, self.key_at + debounce - now) if debounce else 0.0
@@ -78,12 +72,13 @@ class Pace:
         """Seconds idle work should wait rather than start a batch of ``need_s``: a request is due (a
         keystroke came since the last request, and the debounce after it ends before the batch would),
         and a batch it stops is lost. 0: go on."""
-        now = time.perf_counter() if now is None else now
+        now = self.clock() if now is None else now
         debounce = self.debounce_s
         with self._lock:
-            if need_s <= 0 or not debounce or self.key_at <= self.request_at or self.misses >= MAX_MISSES:
+            if need_s <= 0 or not debounce or self.key_at <= self.request_at or self.misses >= self.policy.max_misses:
                 return 0.0
             due = self.key_at + debounce
-        if due - now >= need_s or now >= due + SLACK_S:
+        slack = self.policy.slack_s
+        if due - now >= need_s or now >= due + slack:
             return 0.0
-        return due + SLACK_S - now
+        return due + slack - now

@@ -10,7 +10,7 @@ status`` sums the last minute's answers up and says what would help (``help_text
 
 from __future__ import annotations
 
-from .cpu import TAKEN
+from .policy import Policy
 
 LATENCY_BUDGET = "latency_budget"
 SPEED_TOKENS = 1000  # status's prefill speed: tokens per second for a prefill of this many, on an empty slot
@@ -46,7 +46,7 @@ def seconds(ms: float) -> str:
 
 def others_text(others: float | None, cores: int | None) -> str | None:
     """'other processes use 1.0 of 2 cores', when they take enough to count (else None)."""
-    if others is None or not cores or others < TAKEN / 3:
+    if others is None or not cores or others < Policy.cores_taken / 3:
         return None
     return f"other processes use {others:.1f} of {cores} cores"
 

@@ -27,6 +27,7 @@ from .files import Files
 from .instant import Instant, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, describe, model_kind
 from .pace import Pace
+from .policy import Policy
 from .slots import SlotManager
 from .speed import PrefillSpeed
 
@@ -67,8 +68,9 @@ class RemoteEngine(Engine):
 
     decoder = None  # no local decoding (background work asks)
 
-    def __init__(self, config: Config, model_path: str | Path):
+    def __init__(self, config: Config, model_path: str | Path, policy: Policy | None = None):
         self.config = config
+        self.policy = policy = Policy() if policy is None else policy
         with ExitStack() as stack:
             self.model = stack.enter_context(Model(model_path, vocab_only=True))
             self.template, self.planner = make_planner(self.model, config)
@@ -79,8 +81,8 @@ class RemoteEngine(Engine):
             self.instant = Instant(self.model, model_key(model_path), self._ends, config.answer_cache)
             self.slots, self.files, self.reuse = SlotManager(0), Files(), _NoReuse()
             self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
-            self.speed, self._saved_speed = PrefillSpeed(), 0
-            self.pace, self.patience_s = Pace(), 0.0  # (no local batches: idle work never holds for a request)
+            self.speed, self._saved_speed = PrefillSpeed(policy=policy), 0
+            self.pace, self.patience_s = Pace(policy), 0.0  # (no local batches: idle work never holds for a request)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             self.default_layout, self.layout_reason = choose_layout(
                 self.model.meta, config.layout, self.template.source == "text")
@@ -114,11 +116,11 @@ class RemoteEngine(Engine):
                 "backend": self.remote.status()}
 
 
-def open_remote(config: Config, model_path: str | Path, store=None) -> Engine:
+def open_remote(config: Config, model_path: str | Path, store=None, policy: Policy | None = None) -> Engine:
     """The engine for a config with ``backend`` URLs: remote only, or with the local model behind."""
     if not config.local_fallback:
-        return RemoteEngine(config, model_path)
-    engine = Engine(config, model_path, store=store)
+        return RemoteEngine(config, model_path, policy)
+    engine = Engine(config, model_path, store=store, policy=policy)
     try:
         engine.remote = open_pool(config, engine.model)
     except BaseException:
@@ -127,8 +129,8 @@ def open_remote(config: Config, model_path: str | Path, store=None) -> Engine:
     engine.default_heal, engine.heal_reason = remote_heal(engine, config)
     # The budget's speed is the replicas' (remote_steps learns it); local prefills (a fallback) learn
     # their own, which the budget does not ask, and neither is saved as this machine's speed.
-    engine.speed, engine.speed_file = PrefillSpeed(), None
-    engine.decoder.observe = PrefillSpeed().observe
+    engine.speed, engine.speed_file = PrefillSpeed(policy=engine.policy), None
+    engine.decoder.observe = PrefillSpeed(policy=engine.policy).observe
     return engine
 
 

@@ -21,9 +21,9 @@ from ..kv import Hit, Miss, StateStore, kvblob
 from ..kv.prefix import common_prefix
 from .decode import Decoder
 from .files import Files
+from .policy import Policy
 from .slots import Slot, SlotManager
 
-RESTORE_MIN_GAIN = 32  # restore a saved state only if it saves at least this many tokens
 # Misses that count a problem (kv/events.py), with the cause said in the log (the file's name with it).
 PROBLEMS = {"corrupt": "its state file was bad and has been dropped (the line above says why)",
             "tokenization_differs": "the same text was saved, planned into other tokens (an anchor that moved: "
@@ -50,9 +50,10 @@ class Reuse:
     """Owns slot choice, restores from the store and saves into it (the engine thread only)."""
 
     def __init__(self, ctx, slots: SlotManager, decoder: Decoder, files: Files, store: StateStore | None,
-                 sparse=None, n_stream: int = 1, swa: bool = False):
+                 sparse=None, n_stream: int = 1, swa: bool = False, policy: Policy | None = None):
         self.ctx, self.slots, self.decoder, self.files = ctx, slots, decoder, files
         self.store, self.sparse, self.n_stream, self.swa = store, sparse, n_stream, swa
+        self.policy = Policy() if policy is None else policy  # restore_min_gain: tokens a restore must save
 
     def start(self, prompt: np.ndarray, path: str | None, want_sparse: bool, cold: bool = False,
               idle: bool = False, light: bool = False, keep: np.ndarray | None = None) -> Start:
@@ -134,18 +135,18 @@ class Reuse:
     def stored(self, prompt: np.ndarray, path: str | None):
         """``cached(tokens)``: how many of ``tokens`` a request would start with, counting the saved
         state (RAM or disk tier) that shares the longest prefix with ``prompt`` as ``start`` restores
-        it (only where it beats the live slots by ``RESTORE_MIN_GAIN``, cut before the last token);
+        it (only where it beats the live slots by ``policy.restore_min_gain``, cut before the last token);
         None when there is none. A restore takes milliseconds, so the latency budget counts it as
         cached (``run.fit_budget``)."""
         if self.store is None or self.swa:  # (a sliding-window state cannot be cut)
             return None
         m = self.store.lookup(prompt, path).match  # (whole states only: a shrunk one is approximate)
-        if m is None or m.n < RESTORE_MIN_GAIN:
+        if m is None or m.n < self.policy.restore_min_gain:
             return None
 
         def cached(tokens: np.ndarray) -> int:
             live, saved = self.peek(tokens), min(common_prefix(m.tokens, tokens), len(tokens) - 1)
-            return saved if saved >= live + RESTORE_MIN_GAIN else live
+            return saved if saved >= live + self.policy.restore_min_gain else live
         return cached
 
     def finish(self, start: Start, path: str | None, n_prompt: int, checkpoint: int | None, cold: bool,
@@ -176,14 +177,14 @@ class Reuse:
         """Restore a saved state into ``slot`` if it beats what the slot holds."""
         store = self.store
         keep = Start(slot, n_common, tier)
-        if n_common + RESTORE_MIN_GAIN >= len(prompt):
+        if n_common + self.policy.restore_min_gain >= len(prompt):
             store.record(Hit("slot"))
             return keep
         f = self.files.get(path) if path else None
         found = store.lookup(prompt, path, content_hash=lambda: content_hash(f.text if f else None),
                              shrunk=want_sparse and self.sparse is not None)
         m = found.match
-        if m is None or m.n < n_common + RESTORE_MIN_GAIN:
+        if m is None or m.n < n_common + self.policy.restore_min_gain:
             miss = Miss(found.miss_reason or "no_state")
             if tier != "slot" and miss.reason in PROBLEMS:  # a counter that counts a problem says where, and why
                 log.warning("%s: no saved state restored: %s", path, PROBLEMS[miss.reason])

@@ -22,6 +22,7 @@ from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, Timings, TokenCounts
 from .decode import GenSpec, answer_rules
 from .instant import Instant, Shown, Through, cached_completion, keep_known
+from .policy import Policy
 from .reduction import reduced_by
 from .remote_steps import remote_steps
 from .stream import StopRules
@@ -224,7 +225,7 @@ def probe_speed(engine, n: int = 16, warm: int = 4) -> None:
     if slot is None:
         return
     tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), warm + n)
-    try:  # the speed learns from batches of at least 8 tokens (speed.MIN_TOKENS): the warm-up is not one
+    try:  # the speed learns from batches of at least 8 tokens (Policy.speed_min_tokens): the warm-up is not one
         engine.decoder.prefill(slot, tokens, 0, chunk=lambda pos: warm if pos == 0 else n)
     finally:
         engine.reuse.clear(slot)
@@ -240,25 +241,20 @@ def context_report(plan: Plan) -> dict:
             "full_tokens": full, "share": round(used / full, 3) if full else 1.0, "reduced": plan.reduced}
 
 
-ADOPT_SHARE = 0.5  # of the budget a keystroke may spend to take growth's progress
-ADOPT_GAIN = 16  # it takes it when that adds at least 1/16 of the full plan's context (or completes it)
-ADOPT_MIN = 64  # tokens: less is not worth a keystroke's time
-STAGES = 8  # growth computes a plan's suffix in steps of an eighth of its context (a keystroke takes each)
-STAGE_MIN = 64
-
-
 def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek) -> Plan | None:
     """A reduced plan on a kept anchor, refitted to what growth has computed since: once growth has
     the window's whole prefix, the plan takes it and the start of the suffix that growth has too
     (the same anchor: the typed middle stays cheap; growth stages such plans, ``background.py``).
-    Taken when it adds enough context within ``ADOPT_SHARE`` of the budget, so the context grows
-    while the user types instead of in one jump at the end."""
+    Taken when it adds enough context (``policy.adopt_min`` tokens, ``1/policy.adopt_gain`` of the full
+    plan's) within ``policy.adopt_share`` of the budget, so the context grows while the user types
+    instead of in one jump at the end."""
     if not plan.reduced or plan.reanchor is not None:
         return None
     session = engine.session(req.path)
     planner, anchor = engine.planner_for(session), session.anchor
+    policy = engine.policy
     used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
-    want = max(ADOPT_MIN, plan.full_context // ADOPT_GAIN)
+    want = max(policy.adopt_min, plan.full_context // policy.adopt_gain)
     # A plan that lacks lines of its prefix (the cached head, then the lines nearest the cursor) takes
     # any grown plan that has them all: those lines weigh most (docs/benchmarks-context.md).
     lacks = len(plan.prefix_tokens) < len(anchor.full_prefix) - anchor.window - anchor.base
@@ -266,7 +262,7 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
         return None
     full = planner.full_anchor(anchor, engine.max_tokens(req.how))
     # All that growth holds, else the last stage it left with the typed text after it (cheaper)
-    for cap in (None, *reversed(stage_ends(planner, full, len(anchor.suffix_tokens)))):
+    for cap in (None, *reversed(stage_ends(planner, full, policy, len(anchor.suffix_tokens)))):
         held = peek if cap is None else (lambda toks, cap=cap: min(peek(toks), cap))
         fitted = planner.refit(anchor, len(plan.middle_tokens), Budget(tokens=0, cached=held, floor=0),
                                reserve=engine.max_tokens(req.how))
@@ -276,7 +272,7 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
             continue
         grown = planner.plan_on(fitted, plan.layout, plan.middle_tokens, plan.middle_text, GROWN, plan.closers)
         have = peek(grown.tokens)
-        if engine.speed.predict_ms(len(grown.tokens) - have, have) <= budget * ADOPT_SHARE:
+        if engine.speed.predict_ms(len(grown.tokens) - have, have) <= budget * policy.adopt_share:
             break
     else:
         return None
@@ -287,16 +283,16 @@ def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek
     return grown
 
 
-def stage_ends(planner, full, first: int = 0) -> list[int]:
+def stage_ends(planner, full, policy: Policy, first: int = 0) -> list[int]:
     """Where growth's stages end in the full plan's tokens (EFIM, PSM order; else none): the whole
     prefix and the ``first`` tokens of the suffix (a reduced plan's: so that one lacking lines of its
-    prefix gets them as soon as they are computed), then every ``1/STAGES`` of the context into the
-    suffix."""
+    prefix gets them as soon as they are computed), then every ``1/stages`` of the context into the
+    suffix (``policy.stages``, at least ``policy.stage_min`` tokens each)."""
     m = planner.markers
     if m.order != "psm":
         return []
     body = len(planner.head_tokens(full.prefix_tokens)) + len(m.suf)  # where the suffix starts
-    step = max(STAGE_MIN, full.full_context // STAGES)
+    step = max(policy.stage_min, full.full_context // policy.stages)
     rest = list(range(body + step, body + len(full.suffix_tokens) - step // 2, step))
     return ([body + first] if 0 < first < min(step // 2, len(full.suffix_tokens)) else []) + rest
 

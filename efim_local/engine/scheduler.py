@@ -15,6 +15,10 @@ thread takes one step at a time and picks the next by priority:
    cursor); a background task is closed as soon as a request or a call comes, and queued again;
 5. after a quiet spell, saving dirty slots.
 
+The waits (the grace before idle work, the quiet before a save, holding idle work for a request
+that is due) are the engine's policy (``policy.py``), timed by its clock: tests/unit/test_policy.py
+runs them on a clock of its own, without a model or sleeps.
+
 Requests never wait for background work beyond one step (or one tokenizer poll): a background
 prompt batch stops between two graph nodes when a request or a call comes (``Engine.interrupt``; its
 KV is dropped, and the task goes on later from the batches before it). Background work never calls
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -39,16 +42,14 @@ from .tasks import BackgroundTask, RequestTask
 
 log = logging.getLogger("efim.engine")
 
-SAVE_DELAY = 0.5  # seconds of quiet before dirty slots are saved: a burst of keystrokes is saved once
-HOLD_SHARE = 4  # idle work waits for a due request when less is left than 1/HOLD_SHARE of a usual chunk
-IDLE_GRACE = 0.05  # seconds after a reply before idle work starts: a request right behind it never waits
-
 
 class Scheduler:
     """The engine's queues and the loop that runs them (see the module's docstring)."""
 
     def __init__(self, engine, queue_size: int = 16):
         self.engine = engine
+        self.policy = engine.policy  # its waits (save_delay, idle_grace, hold_share) and its clock
+        self.clock = self.policy.clock  # (a RequestTask's queued_at is of this clock)
         self.queue_size = queue_size
         self.cond = threading.Condition()
         self.waiting: deque[RequestTask] = deque()
@@ -64,7 +65,7 @@ class Scheduler:
         self.spent: dict[str, float] = {}  # engine seconds by kind of work (status: where the time goes)
 
     def _spend(self, kind: str, since: float) -> None:
-        self.spent[kind] = self.spent.get(kind, 0.0) + time.perf_counter() - since
+        self.spent[kind] = self.spent.get(kind, 0.0) + self.clock() - since
 
     # -- called from any thread ------------------------------------------------------------
     def submit(self, task: RequestTask) -> list[RequestTask]:
@@ -193,14 +194,14 @@ class Scheduler:
             for task in expired:
                 self._end(task, None, Busy(f"busy: waited more than {task.max_wait:.0f} s for a slot"))
             kind, item = work
-            t = time.perf_counter()
+            t = self.clock()
             if self.held_at is not None:  # idle work waited for a request that was due (pace.py)
                 self.spent["held"] = self.spent.get("held", 0.0) + t - self.held_at
                 self.held_at = None
             if kind != "background":
                 self._close_background()  # a request or a call comes first: background work goes on later
                 self._spend("background", t)
-                t = time.perf_counter()
+                t = self.clock()
             if kind == "call":
                 self._call(*item)
                 self._spend("call", t)
@@ -218,7 +219,7 @@ class Scheduler:
         (else the next to start is answered "busy" as it starts)."""
         if not (self.waiting and self._full()):
             return []
-        now = time.monotonic()
+        now = self.clock()
         late = [t for t in self.waiting if now - t.queued_at > t.max_wait]
         for t in late:
             self.waiting.remove(t)
@@ -240,28 +241,35 @@ class Scheduler:
     def _wait(self) -> bool:
         """Wait (holding the lock) until there is work; True when it is time to save."""
         while not (self.calls or self.waiting or self.running or self.stopping):
-            now = time.monotonic()
-            ready = self.background or self.current is not None
-            if ready and now >= self.idle_at:
-                return False
-            if self.save_at is not None and now >= self.save_at:
-                return True
-            waits = [t - now for t in (self.save_at, self.idle_at if ready else None) if t is not None]
-            self.cond.wait(min(waits) if waits else None)
+            save, wait = self._idle_due(self.clock())
+            if save is not None:
+                return save
+            self.cond.wait(wait)
         return False
+
+    def _idle_due(self, now: float) -> tuple[bool | None, float | None]:
+        """(Holding the lock, no foreground work.) What idle time is for at ``now``: (False: background
+        work, True: a save, None: nothing yet), and while nothing is, how long to wait (None: until woken)."""
+        ready = self.background or self.current is not None
+        if ready and now >= self.idle_at:
+            return False, None
+        if self.save_at is not None and now >= self.save_at:
+            return True, None
+        waits = [t - now for t in (self.save_at, self.idle_at if ready else None) if t is not None]
+        return None, min(waits) if waits else None
 
     def _step(self, task: RequestTask) -> None:
         """One step of a request: start it, or its next prefill batch or token."""
-        t = self.engine.active_at = time.perf_counter()  # idle chunks stay short right after (background.py)
+        t = self.engine.active_at = self.clock()  # idle chunks stay short right after (background.py)
         kind = PREFILL
         try:
             if task.steps is None:
                 if task.cancelled.is_set():
                     raise Cancelled()
-                if time.monotonic() - task.queued_at > task.max_wait:
+                if self.clock() - task.queued_at > task.max_wait:
                     raise Busy(f"busy: waited more than {task.max_wait:.0f} s in the queue")
                 self.last_path = task.request.path
-                t0 = time.perf_counter()
+                t0 = self.clock()
                 task.ride = Alongside(self.engine, task.request.path, t0, task.cancelled.is_set, self.waits)
                 task.steps = complete_steps(self.engine, task.request, RunOptions(
                     on_text=task.on_text, should_stop=task.cancelled.is_set))
@@ -279,7 +287,7 @@ class Scheduler:
         task.phase = "prefill" if kind == PREFILL else "generate"
         self._spend(task.phase, t)
         if kind == SHOWN:
-            t = time.perf_counter()
+            t = self.clock()
             with self.cond:  # a request or a call that comes stops a riding batch too (it may be long: pace.py)
                 self.engine.interruptible(not self.waits())
             try:
@@ -296,11 +304,12 @@ class Scheduler:
             if task in self.running:
                 self.running.remove(task)
         task.steps = None
-        now = time.monotonic()
+        now = self.clock()
         # Right after a keystroke the next request cannot come before the editor's debounce (pace.py)
-        grace = 0.0 if self.engine.pace.window_s() > IDLE_GRACE else IDLE_GRACE
-        self.save_at, self.idle_at = now + SAVE_DELAY, now + grace
-        self.engine.active_at = time.perf_counter()
+        grace = self.policy.idle_grace
+        grace = 0.0 if self.engine.pace.window_s(now) > grace else grace
+        self.save_at, self.idle_at = now + self.policy.save_delay, now + grace
+        self.engine.active_at = self.clock()
         try:
             task.done(out, err)
         except Exception:  # noqa: BLE001 - a reply that cannot be sent never stops the engine
@@ -308,7 +317,7 @@ class Scheduler:
 
     def _background_step(self) -> None:
         """One step of background work: the started task, else the next (the latest file's first)."""
-        t = time.perf_counter()
+        t = self.clock()
         with self.cond:
             if self.current is None:
                 if not self.background:
@@ -320,10 +329,11 @@ class Scheduler:
             task = self.current
             if self.waits():
                 return  # foreground work came since the loop chose this
-            hold = self.engine.pace.hold_s(self.engine.patience_s / HOLD_SHARE)
+            now = self.clock()
+            hold = self.engine.pace.hold_s(self.engine.patience_s / self.policy.hold_share, now)
             if hold > 0:  # a request is due before the smallest batch would end: it would stop it
-                self.idle_at = time.monotonic() + hold
-                self.held_at = self.held_at or time.perf_counter()
+                self.idle_at = now + hold
+                self.held_at = self.held_at or now
                 return
             self.engine.interruptible(True)  # under the lock: a request queued from now on stops it
         try:

@@ -10,10 +10,9 @@ machine's load. The latency budget asks it how many new tokens fit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-DECAY = 0.95  # weight kept by past observations at each new one
-MIN_TOKENS = 8  # smaller prefills are dominated by fixed overheads: not informative
+from .policy import Policy
 
 
 @dataclass
@@ -28,6 +27,7 @@ class PrefillSpeed:
     s22: float = 0.0
     s1y: float = 0.0
     s2y: float = 0.0
+    policy: Policy = field(default_factory=Policy, repr=False, compare=False)  # its decay, the least it learns from
 
     @classmethod
     def fixed(cls, a: float, b: float = 0.0) -> "PrefillSpeed":
@@ -40,10 +40,10 @@ class PrefillSpeed:
 
     def observe(self, n_new: int, n_ctx: int, ms: float) -> None:
         """Record a prefill of ``n_new`` tokens after ``n_ctx`` cached ones that took ``ms``."""
-        if not self.learn or n_new < MIN_TOKENS or not math.isfinite(ms) or ms <= 0:
+        if not self.learn or n_new < self.policy.speed_min_tokens or not math.isfinite(ms) or ms <= 0:
             return
         x1, x2 = float(n_new), n_new * (n_ctx + n_new / 2)
-        d = DECAY
+        d = self.policy.speed_decay
         self.s11, self.s12, self.s22 = d * self.s11 + x1 * x1, d * self.s12 + x1 * x2, d * self.s22 + x2 * x2
         self.s1y, self.s2y = d * self.s1y + x1 * ms, d * self.s2y + x2 * ms
         self.n += 1
@@ -101,8 +101,9 @@ def speed_path(store_dir, model_path, context):
     return Path(store_dir) / f"speed-{speed_key(model_path, context, llama_cpp.__version__)}.json"
 
 
-def load_speed(path) -> PrefillSpeed | None:
-    """The speed saved at ``path``; None if there is none or it is not a sane one (then it is ignored)."""
+def load_speed(path, policy: Policy | None = None) -> PrefillSpeed | None:
+    """The speed saved at ``path`` (learning on by ``policy``); None if there is none or it is not a sane
+    one (then it is ignored)."""
     import json
 
     from ..kv.stateformat import open_regular
@@ -117,7 +118,7 @@ def load_speed(path) -> PrefillSpeed | None:
     if not (0 < n < 1 << 40 and all(math.isfinite(v) and 0 <= abs(v) < 1e30 for v in vals.values())
             and 0 < vals["a"] < 1e6 and 0 <= vals["b"] < 1e3):
         return None
-    return PrefillSpeed(n=n, **vals)
+    return PrefillSpeed(n=n, **vals, policy=Policy() if policy is None else policy)
 
 
 def save_speed(speed: PrefillSpeed, path) -> None:

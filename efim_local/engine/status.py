@@ -21,7 +21,7 @@ def slot_info(engine) -> list[dict]:
 
 
 def measure_cores(engine) -> None:
-    """A fresh count of the CPU other processes take (a wait of up to ``cpu.PROBE`` s; not on the
+    """A fresh count of the CPU other processes take (a wait of up to ``Policy.cpu_probe_s``; not on the
     engine's thread): the engine's own last window may be a long pause's, or none yet."""
     cores = getattr(engine, "cores", None)
     if cores is not None:

@@ -22,7 +22,7 @@ class RequestTask:
     done: Callable[[Any, BaseException | None], None]
     on_text: Callable[[str], None] | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
-    queued_at: float = field(default_factory=time.monotonic)
+    queued_at: float = field(default_factory=time.perf_counter)  # of the scheduler's clock (Policy.clock's default)
     max_wait: float = 30.0  # seconds it may wait in the queue before it is answered "busy"
     steps: Any = None  # the running generator
     phase: str = "queued"  # queued | prefill | generate

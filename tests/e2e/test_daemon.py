@@ -72,11 +72,11 @@ def test_the_daemon_learns_the_editors_debounce(daemon):
     daemon knows no request comes sooner (status ``editor_debounce_ms``; the engine's idle work sizes
     its batches by it: tests/engine/test_interrupt.py). Enough requests that those of the other tests,
     which may ask at once, are forgotten."""
-    from efim_local.engine.pace import SAMPLES
+    from efim_local.engine.policy import Policy
 
     with daemon.client() as c:
         c.call("didOpen", {"path": "paced.py", "text": LONG[:1500], "version": 1})
-        for v in range(2, SAMPLES + 3):
+        for v in range(2, Policy().debounce_samples + 3):
             c.call("didChange", {"path": "paced.py", "version": v, "contentChanges": [
                 {"range": {"start": {"line": 2, "character": 0}, "end": {"line": 2, "character": 0}}, "text": "x"}]})
             time.sleep(0.12)

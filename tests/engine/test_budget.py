@@ -1,6 +1,5 @@
 """The latency budget: plans fit the budget, idle growth is exact and yields within one chunk."""
 
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -9,7 +8,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine import CompletionRequest, Engine
-from efim_local.engine import engine as engine_mod
 from efim_local.engine import run as run_mod
 from efim_local.request import Options
 from efim_local.engine.speed import PrefillSpeed
@@ -197,18 +195,18 @@ def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference, ca
         chunks += 1
         # (each of growth's stages, and the first one at the prefix's end, costs a chunk more: the typed
         # text after it, and maybe its refresh)
-        assert chunks <= missing // engine.config.idle_chunk_tokens + 2 * (run_mod.STAGES + 1) + 3
+        assert chunks <= missing // engine.config.idle_chunk_tokens + 2 * (engine.policy.stages + 1) + 3
         ch = "value_"[chunks % 6]
         text, cur, typed = text[:cur] + ch + text[cur:], cur + 1, typed + ch
         out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=2))
         assert out.tokens.evaluated <= 150
         cheap += out.reanchor is None and out.tokens.evaluated <= 3
         if out.reanchor == "grown":  # it took the growth so far: more context, within half the budget
-            assert out.tokens.evaluated <= 150 * run_mod.ADOPT_SHARE and out.context["tokens"] > context
+            assert out.tokens.evaluated <= 150 * engine.policy.adopt_share and out.context["tokens"] > context
             adopted += 1
         context = out.context["tokens"]
     assert cheap + adopted == chunks  # every other keystroke cost a token or two
-    assert adopted <= run_mod.ADOPT_GAIN + 1
+    assert adopted <= engine.policy.adopt_gain + 1
     req = CompletionRequest(text, cur, path=path, layout="efim", max_tokens=6, heal=False)
     warm = engine.complete(req)
     assert not warm.context["reduced"]
@@ -442,8 +440,8 @@ def test_a_plan_lacking_prefix_lines_takes_them_as_soon_as_they_are_grown(engine
     anchor = engine.session(path).anchor
     full = engine.planner.full_anchor(anchor)
     gap = len(full.prefix_tokens) - len(anchor.prefix_tokens)
-    assert anchor.reduced and 0 < anchor.head and 0 < gap < max(run_mod.ADOPT_MIN, out.context["full_tokens"] // 16)
-    assert len(used[-1].middle_tokens) > 40 * run_mod.ADOPT_SHARE
+    assert anchor.reduced and 0 < anchor.head and 0 < gap < max(engine.policy.adopt_min, out.context["full_tokens"] // 16)
+    assert len(used[-1].middle_tokens) > 40 * engine.policy.adopt_share
     first = engine.planner.stable_tokens("efim", full)[:len(engine.planner.head_tokens(full.prefix_tokens)) + 1
                                                        + len(anchor.suffix_tokens)]
     while engine.reuse.peek(np.asarray(first, np.int32)) < len(first):
@@ -459,7 +457,7 @@ def test_a_plan_lacking_prefix_lines_takes_them_as_soon_as_they_are_grown(engine
     out = key("_")
     assert out.reanchor == "grown" and out.context["prefix_tokens"] == len(full.prefix_tokens)
     assert out.context["suffix_tokens"] < len(full.suffix_tokens)  # before any stage of the suffix
-    assert out.tokens.evaluated <= 40 * run_mod.ADOPT_SHARE
+    assert out.tokens.evaluated <= 40 * engine.policy.adopt_share
     assert out.token_ids == reference.run(used[-1].tokens, Options(max_tokens=4), cold=True).token_ids
 
 
@@ -506,7 +504,7 @@ def test_a_cold_cursor_deep_in_a_file_grows_its_near_window_first(engine, refere
 
 def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
     """The engine sizes the near window by the learned speed, again when the speed changes: where an
-    eighth of the room would take more than NEAR_MAX_MS, a sixteenth is grown first, and a keystroke
+    eighth of the room would take more than policy.near_max_ms, a sixteenth is grown first, and a keystroke
     has it cached (answering as from the same plan computed cold); where none would fit in time,
     there is no near window."""
     from efim_local.engine import background
@@ -514,20 +512,20 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
     text, path = DOCS[1], "near-slow.py"
     pl = engine.planner
     eighth = pl.space(engine.config.max_tokens) // 8
-    ms = background.NEAR_MAX_MS / (eighth + eighth // 3) * 1.5  # an eighth: 7.5 s; a sixteenth: 3.8 s
+    ms = engine.policy.near_max_ms / (eighth + eighth // 3) * 1.5  # an eighth: 7.5 s; a sixteenth: 3.8 s
     try:
         engine._near_sized_at = None
         # It shrinks when the speed falls, and grows back only with room to spare (a sixteenth in
-        # 3/4 of the time, NEAR_RESIZE_S after a change), so windows stay put while the speed wavers.
+        # 3/4 of the time, policy.near_resize_s after a change), so windows stay put while the speed wavers.
         for speed, share in ((ms, 16), (ms * 8, 0), (ms * 1.1, 0), (ms * 0.8, 16), (MS_PER_TOKEN, 8), (ms, 16)):
             engine.speed = PrefillSpeed.fixed(speed)
             if engine._near_sized_at is not None:
-                engine._near_sized_at -= engine_mod.NEAR_RESIZE_S
+                engine._near_sized_at -= engine.policy.near_resize_s
             engine.size_near()
             assert pl.near == share
         engine.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
         engine.size_near()
-        assert pl.near == 16  # changed less than NEAR_RESIZE_S ago: it does not grow back yet
+        assert pl.near == 16  # changed less than policy.near_resize_s ago: it does not grow back yet
         engine.speed = PrefillSpeed.fixed(ms * 8)
         engine.size_near()
         assert pl.near == 0  # but shrinks at once
@@ -544,16 +542,16 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
         near = background.near_plan(engine, pl, path, full, anchor)
         assert near is not None and len(near.prefix_tokens) <= eighth // 2
         # A plan whose cached head from the window's top holds a few near windows grows the window.
-        headed = replace(anchor, head=background.HEAD_OVER_NEAR * len(near.prefix_tokens))
+        headed = replace(anchor, head=engine.policy.head_over_near * len(near.prefix_tokens))
         assert anchor.base == 0 and background.near_plan(engine, pl, path, full, headed) is None
         stable = pl.stable_tokens("efim", near, engine.session(path).typed)
         peek = lambda toks: engine.reuse.peek(np.asarray(toks, np.int32))
-        t0 = time.monotonic()
+        t0 = engine.policy.clock()
         _grow_until(engine, path, lambda: peek(stable) == len(stable), len(stable))  # small chunks at this speed
         assert peek(stable) == len(stable)
         # The file's next near plan waits as long as this one takes at the learned speed.
         took = engine.speed.predict_ms(len(stable), 0) / 1000
-        assert t0 + took <= engine.files.get(path).near_until <= time.monotonic() + took
+        assert t0 + took <= engine.files.get(path).near_until <= engine.policy.clock() + took
         text, cur = text[:cur] + "x" + text[cur:], cur + 1  # a keystroke
         req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=ms * 12, max_tokens=4)
         out = engine.complete(req)
@@ -569,16 +567,16 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
         engine.complete(CompletionRequest(text, far, path=path, layout="efim", max_prompt_ms=ms * 12, max_tokens=2))
         there = engine.session(path).anchor
         far_near = lambda: background.near_plan(engine, pl, path, pl.full_anchor(there), there)
-        state.near_until = time.monotonic() + 60
+        state.near_until = engine.policy.clock() + 60
         assert far_near() is None
         state.near_until = 0.0
         assert far_near() is not None
         # One begun goes on, however soon.
         far_stable = pl.stable_tokens("efim", far_near())
-        _grow_until(engine, path, lambda: peek(far_stable) > len(pl.head_tokens(())) + background.BEGUN,
+        _grow_until(engine, path, lambda: peek(far_stable) > len(pl.head_tokens(())) + engine.policy.begun,
                     len(far_stable))
-        assert len(pl.head_tokens(())) + background.BEGUN < peek(far_stable) < len(far_stable)
-        state.near_until = time.monotonic() + 60
+        assert len(pl.head_tokens(())) + engine.policy.begun < peek(far_stable) < len(far_stable)
+        state.near_until = engine.policy.clock() + 60
         assert far_near() is not None
     finally:
         engine.speed, engine._near_sized_at = PrefillSpeed.fixed(MS_PER_TOKEN), None
@@ -603,7 +601,6 @@ def test_a_cold_cursor_grows_its_nearest_window_before_its_near_window(wide, wid
     """A cold cursor deep in a file: growth computes the plan of the nearest window (a quarter of the
     near window) first, then the near plan; a keystroke while the near plan is part of the way takes
     the nearest plan, the next one after it the near plan; every answer equals its plan computed cold."""
-    from efim_local.engine import background
 
     engine, text, path = wide, DOCS[1], "nearest.py"
     engine.forget(path)
@@ -624,7 +621,7 @@ def test_a_cold_cursor_grows_its_nearest_window_before_its_near_window(wide, wid
                 len(nearest_plan) // engine.config.idle_chunk_tokens + 8)
     assert peek(nearest_plan) == len(nearest_plan)
     lead = len(pl.head_tokens(()))
-    assert peek(near_plan) <= lead + background.BEGUN  # the near plan waits
+    assert peek(near_plan) <= lead + engine.policy.begun  # the near plan waits
     head = list(nearest_plan[:lead + 16])
     assert sum(list(s.tokens[:lead + 16]) == head for s in engine.reuse.slots.slots) == 1  # one slot, no stages
     # The near plan grows (the nearest stays in its slot) until it holds more than the nearest window.

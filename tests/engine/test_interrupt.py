@@ -100,7 +100,6 @@ def test_a_starved_answer_lets_growth_finish_its_batch(tiny_model):
     import time as _time
 
     from efim_local.engine import Engine
-    from efim_local.engine.engine import STARVED
 
     from tests.helpers import small_config
 
@@ -113,7 +112,7 @@ def test_a_starved_answer_lets_growth_finish_its_batch(tiny_model):
 
         e.patience_s = 1.0  # batches of the usual size (idle chunks grow in quiet spells)
         assert flag_after(100, 3000) == (False, True)  # starved: finish the batch, stop the next
-        assert flag_after(STARVED + 1, 3000) == (True, False)
+        assert flag_after(e.policy.starved + 1, 3000) == (True, False)
         assert flag_after(100, 100) == (True, False)  # the whole plan: nothing to grow
         now = _time.perf_counter()
         assert flag_after(2000, 3000, (now - 0.1, now + 0.3)) == (True, False)  # early in the batch

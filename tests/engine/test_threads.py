@@ -10,7 +10,7 @@ import pytest
 
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.request import Options
-from efim_local.engine.cpu import PROBE, FreeCores
+from efim_local.engine.cpu import FreeCores
 
 from tests.helpers import small_config, wait_until
 
@@ -149,12 +149,13 @@ def test_status_measures_a_window_of_its_own(spinner):
     pause's, or none at all (a one-shot status showed ``cores_used_by_others 0.0`` at a load of 3)."""
     cores = FreeCores(every=10)
     cores._first = False  # (no runnable-tasks guess either: only a measured window counts)
+    probe = cores.policy.cpu_probe_s
     t0 = time.monotonic()
     assert cores.measure() >= 0.75 and cores.free <= CORES - 1 and cores.others >= 0.75
-    assert time.monotonic() - t0 >= PROBE
+    assert time.monotonic() - t0 >= probe
     t1 = time.monotonic()
     cores.measure()  # a status polled again: the window just measured, no new wait
-    assert time.monotonic() - t1 < PROBE
-    time.sleep(PROBE)
+    assert time.monotonic() - t1 < probe
+    time.sleep(probe)
     t2 = time.monotonic()
-    assert cores.measure() >= 0.75 and time.monotonic() - t2 < PROBE  # from the last window's end: no wait
+    assert cores.measure() >= 0.75 and time.monotonic() - t2 < probe  # from the last window's end: no wait

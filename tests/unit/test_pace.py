@@ -3,13 +3,16 @@ after them; right after a keystroke idle work knows how long no request can come
 
 import pytest
 
-from efim_local.engine.pace import MAX_MISSES, MIN_SAMPLES, SLACK_S, Pace
+from efim_local.engine.pace import Pace
+from efim_local.engine.policy import Policy
+
+POLICY = Policy()  # the defaults, which the numbers below assume (a 16-request memory, the 4th quantile)
 
 
 def taught(gaps, start=100.0):
     """A Pace that saw a keystroke, then a request ``gap`` seconds later, for each gap (and the time
     after the last)."""
-    p, t = Pace(), start
+    p, t = Pace(POLICY), start
     for g in gaps:
         p.typed(t)
         p.requested(t + g)
@@ -18,7 +21,7 @@ def taught(gaps, start=100.0):
 
 
 def test_the_debounce_is_a_low_quantile_once_enough_requests_were_seen():
-    p, _ = taught([0.16] * (MIN_SAMPLES - 1))
+    p, _ = taught([0.16] * (POLICY.debounce_min_samples - 1))
     assert p.debounce_s == 0  # too few to guess
     p, _ = taught([0.17, 0.15, 0.2, 0.16, 0.3])
     assert p.debounce_s == pytest.approx(0.16)  # the second smallest of 5
@@ -57,8 +60,8 @@ def test_idle_work_holds_when_a_request_is_due_before_a_batch_would_end():
     p, t = taught([0.15] * 5)
     p.typed(t)
     assert p.hold_s(0.05, t + 0.02) == 0  # 130 ms left: a 50 ms batch fits
-    assert p.hold_s(0.05, t + 0.12) == pytest.approx(0.03 + SLACK_S)  # 30 ms left: wait for the request
-    assert p.hold_s(0.05, t + 0.15 + SLACK_S + 0.001) == 0  # it did not come: go on
+    assert p.hold_s(0.05, t + 0.12) == pytest.approx(0.03 + POLICY.slack_s)  # 30 ms left: wait for the request
+    assert p.hold_s(0.05, t + 0.15 + POLICY.slack_s + 0.001) == 0  # it did not come: go on
     p.requested(t + 0.16)
     assert p.hold_s(0.05, t + 0.17) == 0  # it came: nothing is due until the next keystroke
 
@@ -67,11 +70,11 @@ def test_keystrokes_that_bring_no_request_stop_the_waiting():
     """Typing where no completion is asked (another client, a buffer the plugin ignores): after a few
     keystrokes whose debounce passed without a request, idle work no longer waits for one."""
     p, t = taught([0.15] * 5)
-    for k in range(MAX_MISSES):
+    for k in range(POLICY.max_misses):
         p.typed(t + k)
         assert p.hold_s(0.05, t + k + 0.13) > 0
-    p.typed(t + MAX_MISSES)
-    assert p.hold_s(0.05, t + MAX_MISSES + 0.13) == 0
-    p.requested(t + MAX_MISSES + 0.15)
-    p.typed(t + MAX_MISSES + 1)
-    assert p.hold_s(0.05, t + MAX_MISSES + 1.13) > 0  # a request came: it waits again
+    p.typed(t + POLICY.max_misses)
+    assert p.hold_s(0.05, t + POLICY.max_misses + 0.13) == 0
+    p.requested(t + POLICY.max_misses + 0.15)
+    p.typed(t + POLICY.max_misses + 1)
+    assert p.hold_s(0.05, t + POLICY.max_misses + 1.13) > 0  # a request came: it waits again
