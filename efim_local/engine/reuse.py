@@ -104,7 +104,9 @@ class Reuse:
         holds_more = (n < len(src.tokens) and not own) or src.seq in self.slots.busy
         if self.swa or src.sparse or n < self.slots.min_reuse or not holds_more or n + 1 >= len(prompt):
             return
-        spare = self.slots.spare(exclude=src.seq)
+        # (No spare but a file used since this one's last use: growth goes on in place, at the cost of
+        # this file's keystroke KV, not of a file in use.)
+        spare = self.slots.spare(exclude=src.seq, path=path, used=self.used(path))
         if spare is None:
             return
         if spare.dirty:
@@ -118,6 +120,12 @@ class Reuse:
         self.decoder.prefill(spare, prompt[:n + 1], n)
         spare.path, spare.checkpoint, spare.dirty = path, src.checkpoint, False
         spare.last_used = src.last_used - 1e-3  # of two equal matches pick() takes the older: this one
+
+    def used(self, path: str | None) -> float | None:
+        """When ``path`` was last used (a request, an open, an edit: ``FileState.touched``), None for
+        a path the engine does not know (then idle work's slot counts as used now)."""
+        f = self.files.get(path) if path else None
+        return f.touched if f is not None else None
 
     def drop_others(self, path: str, prompt: np.ndarray) -> None:
         """Empty the slots of ``path`` that share less than all of ``prompt`` (a plan superseded by
@@ -156,7 +164,12 @@ class Reuse:
         slot.idle = idle
         if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
             self.clear(slot)
-        slot.touch(path)
+        # Idle work dates a slot by its file's last use, not by now (a slot of the file already, fork's
+        # copy too, never newer than it was): growth of a file left long ago made its copies the most
+        # recently used slots, so its next copy, and the requests, evicted the files in use instead,
+        # until every slot held that one file (issue 39).
+        used = self.used(path) if idle else None
+        slot.touch(path, used if used is None or slot.path != path else min(used, slot.last_used))
         # (A slot too short to save is never dirty: growth cut to a marker would otherwise make the
         # next riding step that picks it save first, which riding growth never does: it would stall.)
         slot.dirty = (self.store is not None and len(slot.tokens) >= self.store.cfg.min_tokens and not slot.sparse

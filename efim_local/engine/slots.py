@@ -24,8 +24,9 @@ class Slot:
     sparse: bool = False  # holds a sparse (approximate) restore: never saved, never reused exactly
     idle: bool = False  # last decoded by idle work (growth, prefill): its tail is the work's own to cut
 
-    def touch(self, path: str | None) -> None:
-        self.last_used = time.monotonic()
+    def touch(self, path: str | None, at: float | None = None) -> None:
+        """The slot serves ``path``, used now (``at``: idle work dates it by its file's last use)."""
+        self.last_used = time.monotonic() if at is None else at
         self.path = path
 
     def reset(self) -> None:
@@ -65,11 +66,16 @@ class SlotManager:
             n, slot = min(scored, key=lambda x: (path is None or x[1].path != path, *self._loss(x[1])))
         return slot, n
 
-    def spare(self, exclude: int) -> Slot | None:
+    def spare(self, exclude: int, path: str | None = None, used: float | None = None) -> Slot | None:
         """A slot other than ``exclude`` that holds less than a reuse's worth, else the least recently
-        used other one (as ``pick``)."""
+        used other one (as ``pick``); None when that one holds another file than ``path`` used after
+        ``used`` (the file's last use): a copy for a file's idle work never evicts a file in use."""
         others = [s for s in self.free() if s.seq != exclude]
-        return min(others, key=self._loss) if others else None
+        spare = min(others, key=self._loss) if others else None
+        if (spare is not None and used is not None and spare.path != path and spare.last_used > used
+                and len(spare.tokens) >= self.min_reuse):
+            return None
+        return spare
 
     def _loss(self, slot: Slot) -> tuple[bool, float]:
         """What taking ``slot`` loses, least first: less than a reuse's worth, then the least recently used."""
