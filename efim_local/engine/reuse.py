@@ -119,11 +119,12 @@ class Reuse:
         # of the idle work), so that no save or restore of this slot can see it half done.
         self.decoder.prefill(spare, prompt[:n + 1], n)
         spare.path, spare.checkpoint, spare.dirty = path, src.checkpoint, False
-        spare.last_used = src.last_used - 1e-3  # of two equal matches pick() takes the older: this one
+        # (Of two equal matches pick() takes the older: this one.)
+        spare.last_used, spare.used = src.last_used - 1e-3, src.used
 
     def used(self, path: str | None) -> float | None:
-        """When ``path`` was last used (a request, an open, an edit: ``FileState.touched``), None for
-        a path the engine does not know (then idle work's slot counts as used now)."""
+        """When the user last used ``path`` (a request, an open, an edit: ``FileState.touched``), None
+        for a path the engine does not know (then now)."""
         f = self.files.get(path) if path else None
         return f.touched if f is not None else None
 
@@ -164,12 +165,7 @@ class Reuse:
         slot.idle = idle
         if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
             self.clear(slot)
-        # Idle work dates a slot by its file's last use, not by now (a slot of the file already, fork's
-        # copy too, never newer than it was): growth of a file left long ago made its copies the most
-        # recently used slots, so its next copy, and the requests, evicted the files in use instead,
-        # until every slot held that one file (issue 39).
-        used = self.used(path) if idle else None
-        slot.touch(path, used if used is None or slot.path != path else min(used, slot.last_used))
+        slot.touch(path, self.used(path))  # (idle work: its file's last use, not now; SlotManager._loss)
         # (A slot too short to save is never dirty: growth cut to a marker would otherwise make the
         # next riding step that picks it save first, which riding growth never does: it would stall.)
         slot.dirty = (self.store is not None and len(slot.tokens) >= self.store.cfg.min_tokens and not slot.sparse
