@@ -202,7 +202,7 @@ def ahead_steps(engine, path: str, should_stop=None):
     slot, _ = engine.slots.pick(np.concatenate([s.prompt, np.asarray(s.ids, dtype=np.int32)]))
     if not keep_known(engine, slot, s.prompt, s.ids):
         return
-    slot.touch(path)
+    slot.touch(path, engine.reuse.used(path))  # (dated by the file's last use: SlotManager._loss)
     with Sampler(SamplerParams()) as greedy:
         while len(s.ids) < target:
             if should_stop is not None and should_stop():

@@ -105,7 +105,9 @@ class Reuse:
         holds_more = (n < len(src.tokens) and not own) or src.seq in self.slots.busy
         if self.swa or src.sparse or n < self.slots.min_reuse or not holds_more or n + 1 >= len(prompt):
             return
-        spare = self.slots.spare(exclude=src.seq)
+        # (No spare but a file used since this one's last use: growth goes on in place, at the cost of
+        # this file's keystroke KV, not of a file in use.)
+        spare = self.slots.spare(exclude=src.seq, path=path, used=self.used(path))
         if spare is None:
             return
         if spare.dirty:
@@ -118,7 +120,14 @@ class Reuse:
         # of the idle work), so that no save or restore of this slot can see it half done.
         self.decoder.prefill(spare, prompt[:n + 1], n)
         spare.path, spare.checkpoint, spare.dirty = path, src.checkpoint, False
-        spare.last_used = src.last_used - 1e-3  # of two equal matches pick() takes the older: this one
+        # (Of two equal matches pick() takes the older: this one.)
+        spare.last_used, spare.used = src.last_used - 1e-3, src.used
+
+    def used(self, path: str | None) -> float | None:
+        """When the user last used ``path`` (a request, an open, an edit: ``FileState.touched``), None
+        for a path the engine does not know (then now)."""
+        f = self.files.get(path) if path else None
+        return f.touched if f is not None else None
 
     def drop_others(self, path: str, prompt: np.ndarray) -> None:
         """Empty the slots of ``path`` that share less than all of ``prompt`` (a plan superseded by
@@ -157,7 +166,7 @@ class Reuse:
         slot.idle = idle
         if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
             self.clear(slot)
-        slot.touch(path)
+        slot.touch(path, self.used(path))  # (idle work: its file's last use, not now; SlotManager._loss)
         # (A slot too short to save is never dirty: growth cut to a marker would otherwise make the
         # next riding step that picks it save first, which riding growth never does: it would stall.)
         slot.dirty = (self.store is not None and len(slot.tokens) >= self.store.cfg.min_tokens and not slot.sparse

@@ -16,7 +16,8 @@ EMPTY = np.zeros(0, np.int32)
 class Slot:
     seq: int
     tokens: np.ndarray = field(default_factory=lambda: EMPTY)  # KV held for positions 0..len-1
-    last_used: float = 0.0
+    last_used: float = 0.0  # when work last ran in it
+    used: float = 0.0  # when the user last used its file (a request, an open, an edit), as of that run
     path: str | None = None  # the document it last served
     dirty: bool = False  # holds KV not yet saved to the state store
     checkpoint: int = 0  # sliding-window models: the length worth saving (the prompt's head)
@@ -24,8 +25,10 @@ class Slot:
     sparse: bool = False  # holds a sparse (approximate) restore: never saved, never reused exactly
     idle: bool = False  # last decoded by idle work (growth, prefill): its tail is the work's own to cut
 
-    def touch(self, path: str | None) -> None:
+    def touch(self, path: str | None, used: float | None = None) -> None:
+        """Work ran in the slot for ``path`` now, whose user last used it at ``used`` (None: now)."""
         self.last_used = time.monotonic()
+        self.used = self.last_used if used is None else used
         self.path = path
 
     def reset(self) -> None:
@@ -65,16 +68,24 @@ class SlotManager:
             n, slot = min(scored, key=lambda x: (path is None or x[1].path != path, *self._loss(x[1])))
         return slot, n
 
-    def spare(self, exclude: int) -> Slot | None:
+    def spare(self, exclude: int, path: str | None = None, used: float | None = None) -> Slot | None:
         """A slot other than ``exclude`` that holds less than a reuse's worth, else the least recently
-        used other one (as ``pick``)."""
+        used other one (as ``pick``); None when that one holds another file than ``path`` used after
+        ``used`` (the file's last use): a copy for a file's idle work never evicts a file in use."""
         others = [s for s in self.free() if s.seq != exclude]
-        return min(others, key=self._loss) if others else None
+        spare = min(others, key=self._loss) if others else None
+        if (spare is not None and used is not None and spare.path != path and spare.used > used
+                and len(spare.tokens) >= self.min_reuse):
+            return None
+        return spare
 
-    def _loss(self, slot: Slot) -> tuple[bool, float]:
-        """What taking ``slot`` loses, least first: less than a reuse's worth, then the least recently used."""
-        return len(slot.tokens) >= self.min_reuse, slot.last_used
+    def _loss(self, slot: Slot) -> tuple[bool, float, float]:
+        """What taking ``slot`` loses, least first: less than a reuse's worth, then the least recently used
+        file (by the user, not by idle work: growth of a file left long ago dated its copies now, so they
+        and its next copy evicted the files in use, until every slot held that one file: issue 39), then
+        the least recently used slot of it."""
+        return len(slot.tokens) >= self.min_reuse, slot.used, slot.last_used
 
     def lru(self, exclude: set[int]) -> Slot | None:
         cands = [s for s in self.free() if s.seq not in exclude and len(s.tokens)]
-        return min(cands, key=lambda s: s.last_used) if cands else None
+        return min(cands, key=lambda s: (s.used, s.last_used)) if cands else None
