@@ -52,6 +52,17 @@ def wait_until(condition, timeout: float = 30.0, what: str = "", every: float = 
     return value
 
 
+def stop_after(polls: int):
+    """A ``should_stop`` that says stop at its ``polls``-th call (a request that comes mid-work)."""
+    calls = {"n": 0}
+
+    def should_stop():
+        calls["n"] += 1
+        return calls["n"] >= polls
+
+    return should_stop
+
+
 # -- source texts -----------------------------------------------------------------------------
 @cache
 def taught(debounce: float, now: float, n: int = 16):

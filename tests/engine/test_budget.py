@@ -15,7 +15,7 @@ from efim_local.prompt import planner as planner_mod
 from efim_local.errors import Cancelled
 from efim_local.training.corpus import read_texts, stdlib_files
 
-from tests.helpers import small_config
+from tests.helpers import small_config, stop_after
 
 DOCS = [t[:6000] for t in read_texts(stdlib_files(400_000)) if len(t) > 6000][:4]
 MS_PER_TOKEN = 1.0  # the injected speed: 1 ms per new token, context free
@@ -100,7 +100,7 @@ def _grow_until(engine, path: str, done, chunks: int) -> None:
         if done():
             return
         try:
-            engine.grow(path, _stop_after(2))
+            engine.grow(path, stop_after(2))
         except Cancelled:
             pass
 
@@ -109,23 +109,12 @@ def _key_after_growth(engine, path: str, text: str, cur: int, ch: str, polls: in
     """Grow ``path`` a chunk or a few (until a keystroke arrives), then type ``ch`` at ``cur`` and ask
     for ``n`` tokens within ``budget_ms``: (the answer, its request)."""
     try:
-        engine.grow(path, _stop_after(polls))
+        engine.grow(path, stop_after(polls))
     except Cancelled:
         pass
     req = CompletionRequest(text[:cur] + ch + text[cur:], cur + 1, path=path, layout="efim", max_prompt_ms=budget_ms,
                             max_tokens=n, heal=False, ignore_eog=True)
     return engine.complete(req), req
-
-
-def _stop_after(polls: int):
-    """A should_stop that says stop at its ``polls``-th call."""
-    calls = {"n": 0}
-
-    def should_stop():
-        calls["n"] += 1
-        return calls["n"] >= polls
-
-    return should_stop
 
 
 def test_idle_growth_yields_within_one_chunk(engine):
@@ -134,7 +123,7 @@ def test_idle_growth_yields_within_one_chunk(engine):
     engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100))
     before = {s.seq: len(s.tokens) for s in engine.slots.slots}
     with pytest.raises(Cancelled):
-        engine.grow(path, _stop_after(2))  # one chunk, then a request arrives
+        engine.grow(path, stop_after(2))  # one chunk, then a request arrives
     grown = [len(s.tokens) - before[s.seq] for s in engine.slots.slots if len(s.tokens) > before[s.seq]]
     assert grown and max(grown) <= engine.config.idle_chunk_tokens
     assert engine.session(path).anchor.reduced  # not swapped: the full plan is not ready
@@ -152,7 +141,7 @@ def test_growth_in_idle_steps_is_exact(engine, reference, doc, at, polls, typed)
     engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=150, max_tokens=2))
     while True:  # idle time comes in pieces: each one is interrupted after a few chunks
         try:
-            engine.grow(path, _stop_after(polls))
+            engine.grow(path, stop_after(polls))
             break
         except Cancelled:
             continue
@@ -189,7 +178,7 @@ def test_keystrokes_between_growth_chunks_keep_both_caches(engine, reference, ca
     chunks, cheap, adopted, typed, context = 0, 0, 0, "", 0
     while engine.session(path).anchor.reduced:
         try:
-            engine.grow(path, _stop_after(2))  # one chunk, then a keystroke arrives
+            engine.grow(path, stop_after(2))  # one chunk, then a keystroke arrives
         except Cancelled:
             pass
         chunks += 1
@@ -388,7 +377,7 @@ def test_an_interrupted_cursor_prefill_leaves_the_anchor_the_request_will_use(en
     engine.forget(path)
     cur = text.index("\n", 3000) + 1
     with pytest.raises(Cancelled):
-        engine.prefill(path, text, cur, _stop_after(6))  # the budgeted plan, then a few growth chunks
+        engine.prefill(path, text, cur, stop_after(6))  # the budgeted plan, then a few growth chunks
     out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_tokens=2))
     assert out.reanchor is None and out.context["reduced"] and out.tokens.evaluated <= 2, out
 
@@ -446,12 +435,12 @@ def test_a_plan_lacking_prefix_lines_takes_them_as_soon_as_they_are_grown(engine
                                                        + len(anchor.suffix_tokens)]
     while engine.reuse.peek(np.asarray(first, np.int32)) < len(first):
         try:
-            engine.grow(path, _stop_after(2))  # a chunk at a time
+            engine.grow(path, stop_after(2))  # a chunk at a time
         except Cancelled:
             pass
     for _ in range(3):  # growth computes the stage's typed text after it, then the keystroke takes it
         try:
-            engine.grow(path, _stop_after(2))
+            engine.grow(path, stop_after(2))
         except Cancelled:
             pass
     out = key("_")

@@ -5,7 +5,7 @@ from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.speed import PrefillSpeed
 from efim_local.errors import Cancelled
 from efim_local.training.corpus import read_texts, stdlib_files
-from tests.helpers import small_config
+from tests.helpers import small_config, stop_after
 
 DOC = "import os\n" + "def f(a):\n    return a + 1\n" * 20
 
@@ -41,7 +41,7 @@ def test_files_in_use_keep_their_slots_while_another_files_growth_runs(tiny_mode
             assert not out.context["reduced"]
             for _ in range(3):  # idle time between two edits: the big file's growth runs
                 try:
-                    e.grow("/w/big.py", _stop_after(6))
+                    e.grow("/w/big.py", stop_after(6))
                 except Cancelled:
                     pass
             held = {s["path"]: s["tokens"] for s in e.status()["slots"] if s["tokens"]}
@@ -53,14 +53,3 @@ def test_files_in_use_keep_their_slots_while_another_files_growth_runs(tiny_mode
         assert not e.reduced("/w/big.py")
         held = {s["path"] for s in e.status()["slots"] if s["tokens"]}
         assert {"/w/f3.py", "/w/f4.py", "/w/f5.py"} <= held
-
-
-def _stop_after(polls: int):
-    """A should_stop that says stop at its ``polls``-th call."""
-    calls = {"n": 0}
-
-    def should_stop():
-        calls["n"] += 1
-        return calls["n"] >= polls
-
-    return should_stop
