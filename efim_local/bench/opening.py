@@ -91,8 +91,8 @@ def _stop(proc) -> None:
         proc.wait(10)
 
 
-def _settle(c, path: str) -> None:
-    """Wait until the daemon's idle work (the warm and growth of ``path``) is done."""
+def _settle(c) -> None:
+    """Wait until the daemon's idle work (the open file's warm and growth) is done, or ``SETTLE_S``."""
     deadline = time.monotonic() + SETTLE_S
     time.sleep(1.0)
     while time.monotonic() < deadline:
@@ -113,7 +113,7 @@ def earlier_day(cfg: OpeningConfig, f: dict) -> Path:
             path = _path(home, f)
             c.call("didOpen", {"path": path, "text": f["text"], "version": 0})
             c.notify("cursor", {"path": path, "offset": f["cursor"]})
-            _settle(c, path)
+            _settle(c)
     finally:
         _stop(proc)
     return home
