@@ -37,7 +37,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import util as bu
-from .editors import Fired, InfillEditor, Outcome, Step, spawn_efim
+from .editors import Fired, InfillEditor, Outcome, Step, displayed, spawn_efim
 from .trace import Commit
 
 PAIRS = {"(": ")", "[": "]", "{": "}", '"': '"', "'": "'"}
@@ -178,44 +178,6 @@ def replay(editor, trace_steps: list[Step], fired: list[Fired], desc: str | None
                      "shown": seen[:80], "useful_shown": useful(seen, typed),
                      **{f"context_{k}": v for k, v in o.context.items()}})
     return rows
-
-
-def displayed(trace_steps: list[Step], fired: list[Fired], outcomes: list[Outcome], t0: float) -> list[str]:
-    """What the editor shows at each request's next key: the request's own text streamed so far, or
-    the rest of an earlier ghost the user typed through (Neovim's and VS Code's ghosts stay, shortened,
-    while the user types their next characters; any other change dismisses them). A request's text
-    replaces the ghost unless the ghost already shows more of it (the Neovim plugin's rule)."""
-    events = [(s.t, 1, "key", i) for i, s in enumerate(trace_steps)]
-    events += [(f.t, 2, "fire", j) for j, f in enumerate(fired)]
-    events += [(t - t0, 3, "piece", (j, k)) for j, o in enumerate(outcomes) if o for k, (t, _) in enumerate(o.pieces)]
-    events += [(f.next_key_t, 0, "look", j) for j, f in enumerate(fired)]  # just before the key
-    out = [""] * len(fired)
-    ghost = None  # (text, path, cursor)
-    latest = -1
-    for _, _, kind, x in sorted(events, key=lambda e: (e[0], e[1])):
-        if kind == "look":
-            f = fired[x]
-            out[x] = ghost[0] if ghost and ghost[1:] == (f.path, f.cursor) else ""
-        elif kind == "fire":
-            latest = x
-        elif kind == "piece":
-            j, k = x
-            f = fired[j]
-            if j != latest or (t0 + f.next_key_t) < outcomes[j].pieces[k][0]:
-                continue  # cancelled by a key: the editor drops it
-            text = "".join(p for _, p in outcomes[j].pieces[:k + 1])
-            if not (ghost and ghost[1:] == (f.path, f.cursor) and ghost[0].startswith(text)):
-                ghost = (text, f.path, f.cursor)
-        else:
-            s = trace_steps[x]
-            typed = s.change[2] if s.kind == "key" and s.change else ""
-            if (typed and ghost and s.path == ghost[1] and s.change[:2] == (ghost[2], ghost[2])
-                    and s.cursor == ghost[2] + len(typed) and len(typed) < len(ghost[0])
-                    and ghost[0].startswith(typed)):
-                ghost = (ghost[0][len(typed):], s.path, s.cursor)
-            else:
-                ghost = None
-    return out
 
 
 USEFUL_CHARS = 4  # a ghost is useful when its first line matches this many characters the user typed next

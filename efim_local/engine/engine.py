@@ -113,7 +113,7 @@ class Engine:
             self.pace = Pace(policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
             self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
-                               self.n_stream, self.swa, policy=policy)
+                               self.n_stream, self.swa)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             text_markers = self.template.source == "text"
             self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)

@@ -21,7 +21,6 @@ from ..kv import Hit, Miss, StateStore, kvblob
 from ..kv.prefix import common_prefix
 from .decode import Decoder
 from .files import Files
-from .policy import Policy
 from .slots import Slot, SlotManager
 
 # Misses that count a problem (kv/events.py), with the cause said in the log (the file's name with it).
@@ -50,10 +49,10 @@ class Reuse:
     """Owns slot choice, restores from the store and saves into it (the engine thread only)."""
 
     def __init__(self, ctx, slots: SlotManager, decoder: Decoder, files: Files, store: StateStore | None,
-                 sparse=None, n_stream: int = 1, swa: bool = False, policy: Policy | None = None):
+                 sparse=None, n_stream: int = 1, swa: bool = False):
         self.ctx, self.slots, self.decoder, self.files = ctx, slots, decoder, files
         self.store, self.sparse, self.n_stream, self.swa = store, sparse, n_stream, swa
-        self.policy = Policy() if policy is None else policy  # restore_min_gain: tokens a restore must save
+        self.policy = decoder.policy  # the engine's (restore_min_gain: tokens a restore must save)
 
     def start(self, prompt: np.ndarray, path: str | None, want_sparse: bool, cold: bool = False,
               idle: bool = False, light: bool = False, keep: np.ndarray | None = None) -> Start:

@@ -15,15 +15,14 @@ thread takes one step at a time and picks the next by priority:
    cursor); a background task is closed as soon as a request or a call comes, and queued again;
 5. after a quiet spell, saving dirty slots.
 
-The waits (the grace before idle work, the quiet before a save, holding idle work for a request
-that is due) are the engine's policy (``policy.py``), timed by its clock: tests/unit/test_policy.py
-runs them on a clock of its own, without a model or sleeps.
+The waits (the grace before idle work, the quiet before a save, holding idle work for a request that
+is due) are the engine's policy (``policy.py``), on its clock (tests/unit/test_policy.py: a fake one).
 
 Requests never wait for background work beyond one step (or one tokenizer poll): a background
 prompt batch stops between two graph nodes when a request or a call comes (``Engine.interrupt``; its
 KV is dropped, and the task goes on later from the batches before it). Background work never calls
-into a request. The queues are thread-safe: connection threads submit, the engine
-thread runs :meth:`Scheduler.run`.
+into a request. The queues are thread-safe: connection threads submit, the engine thread runs
+:meth:`Scheduler.run`.
 """
 
 from __future__ import annotations

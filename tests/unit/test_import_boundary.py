@@ -77,7 +77,7 @@ def imported_modules(path: Path, root: Path = PACKAGE) -> frozenset[str]:
 # Each entry is one layer; a layer of two names holds two peers that may not import each other.
 # "efim_local" is the package's own __init__ (the version).
 LAYERS = (
-    ("efim_local", "errors"),  # leaves: the version, the one error tree
+    ("efim_local", "errors", "pins"),  # leaves: the version, the one error tree, pinned model part hashes
     ("request",),  # the completion request (position and options), checked once
     ("config",),  # configuration: dataclasses, config.toml, the environment
     ("llama", "ggufmeta"),  # llama.cpp handles, GGUF metadata keys; a GGUF metadata reader in pure Python
