@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import stat
@@ -235,8 +236,8 @@ def listing() -> dict:
 
 def check(path: str | Path) -> dict:
     """A model file's facts from its GGUF metadata, without loading it: architecture, FIM tokens,
-    fragment training, and the layout efim would pick. ModelError if it is not a GGUF."""
-    from .engine.models import choose_layout
+    fragment training, size, and the layout and healing efim would pick. ModelError if it is not a GGUF."""
+    from .engine.models import choose_heal, choose_layout, count_label
     from .llama.meta import KEY_FRAGMENT, KEY_LAYOUT
 
     path = Path(path)
@@ -256,15 +257,29 @@ def check(path: str | Path) -> dict:
         return str(v).lower() if isinstance(v, bool) else v
 
     fim = {k: meta(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid")}
-    family = None
-    if fim["pre"] is None or fim["suf"] is None:
-        family = _family_by_tokens(reader)
+    family = _family_by_tokens(reader)  # also named when the GGUF has the ids: the stop tokens are the family's
     has_fim = fim["pre"] is not None or family is not None
     layout, reason = choose_layout(meta, None, text_markers=not has_fim)
-    return {"architecture": meta("general.architecture"), "fim": has_fim,
+    heal, heal_reason = choose_heal(meta, text_markers=not has_fim)
+    n_params = sum(math.prod(shape) for _, shape, _, _ in reader.tensors.values())
+    return {"architecture": meta("general.architecture"), "model_name": meta("general.name"),
+            "params": meta("general.size_label") or count_label(n_params), "fim": has_fim,
             "fim_source": "gguf" if fim["pre"] is not None else (f"family:{family}" if family else None),
-            "fragment_trained": (meta(KEY_FRAGMENT) or "") == "true", "trained_layout": meta(KEY_LAYOUT),
-            "layout": layout, "layout_reason": reason, "size_mb": round(path.stat().st_size / 2**20)}
+            "family": family, "fragment_trained": (meta(KEY_FRAGMENT) or "") == "true",
+            "trained_layout": meta(KEY_LAYOUT), "layout": layout, "layout_reason": reason,
+            "heal": heal, "heal_reason": heal_reason, "size_mb": round(path.stat().st_size / 2**20)}
+
+
+def describe(info: dict) -> list[str]:
+    """What ``check`` found, in three lines a user reads before the first completion: the model
+    (name, family, size, FIM tokens), the layout efim will use and why, healing and why."""
+    fim = (f"FIM tokens of the {info['family']} family" if info["family"] else "FIM tokens") if info["fim"] \
+        else "no FIM tokens (text markers)"
+    name = f"{info['model_name']}: " if info.get("model_name") else ""
+    return [f"{name}{info['architecture']}, {info['params']} parameters, {fim}"
+            + (", fragment-trained" if info["fragment_trained"] else ""),
+            f"layout {info['layout']}: {info['layout_reason']}",
+            f"healing {'on' if info['heal'] else 'off'}: {info['heal_reason']}"]
 
 
 def _family_by_tokens(reader) -> str | None:
@@ -320,7 +335,7 @@ def use(spec: str, fim_template: str | None = None) -> dict:
     if "fim_family" in have:
         changes.append(f"removed fim_family = {json.dumps(have['fim_family'])} (set for another model)")
     cfg = write_settings({"model": str(path), "fim_template": template, "fim_family": None})
-    return {"model": str(path), "config": str(cfg), "fim_template": template, "changes": changes}
+    return {"model": str(path), "config": str(cfg), "fim_template": template, "changes": changes, "about": info}
 
 
 def config_file() -> Path:

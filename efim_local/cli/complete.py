@@ -176,7 +176,7 @@ def status(as_json, **model_kw):
         info["store"] = str(store_config(cfg).dir) if cfg.store else None
         info["via"] = "in-process"
     keys = ("model", "description", "library", "library_source", "gpu_offload", "layout", "layout_reason",
-            "heal", "heal_reason", "fragment_trained", "template", "n_slots", "n_ctx_seq", "threads",
+            "heal", "heal_reason", "fragment_trained", "template", "fim_family", "n_slots", "n_ctx_seq", "threads",
             "threads_batch", "threads_auto", "cores", "cores_free", "cores_used_by_others", "max_prompt_ms",
             "prefill_tok_s", "budget_tokens", "type_k", "type_v", "flash_attn", "offload_kqv", "sliding_window",
             "swa_strategy", "state_restore", "sparse_restore", "via")

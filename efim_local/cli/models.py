@@ -90,9 +90,9 @@ def models_pull(name, use_it, as_json):
         info.update(config=used["config"], fim_template=used["fim_template"], changes=used["changes"])
     if as_json:
         return emit(info, True)
-    fim = f"FIM tokens ({info['fim_source']})" if info["fim"] else "no FIM tokens"
-    click.echo(f"{info['name']}: {info['path']} ({info['size_mb']} MiB, {info['architecture']}, {fim}, "
-               f"layout {info['layout']})")
+    click.echo(f"{info['name']}: {info['path']} ({info['size_mb']} MiB)")
+    for line in catalog.describe(info):
+        click.echo(f"  {line}")
     if use_it:
         click.echo(f"model set in {info['config']}")
         for c in info["changes"]:
@@ -109,7 +109,8 @@ def models_pull(name, use_it, as_json):
 @user_errors
 def models_use(name, fim_template, as_json):
     """Make a downloaded model (or a GGUF file) the default: writes `model` into the config file,
-    with the template settings that belong to it (each change is printed).
+    with the template settings that belong to it (each change is printed), and say what the model is:
+    name, family, size, FIM tokens, and the layout and healing efim chooses for it, with why.
 
     A model with FIM tokens drops a `fim_template` left in the config (text markers would replace
     its tokens); one without needs text markers (--fim-template, the catalog's, or the config's).
@@ -125,7 +126,7 @@ def models_use(name, fim_template, as_json):
 
     used = catalog.use(name, fim_template)
     emit(used, as_json, f"model = {used['model']} (in {used['config']})\n"
-         + "".join(f"  {c}\n" for c in used["changes"]))
+         + "".join(f"  {line}\n" for line in catalog.describe(used["about"]) + used["changes"]))
     if not as_json:
         _daemon_keeps_its_model(used["model"])
 

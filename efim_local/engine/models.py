@@ -29,12 +29,12 @@ def describe(model) -> str:
     ``general.size_label`` says what its makers call it."""
     arch, _, rest = model.description().partition(" ")
     size, _, kind = rest.partition(" ")
-    size = model.meta("general.size_label") or (size if "?" not in size else _count(model.n_params))
+    size = model.meta("general.size_label") or (size if "?" not in size else count_label(model.n_params))
     name = model.meta("general.name")
     return f"{name + ': ' if name else ''}{arch}, {size} parameters, {kind}".rstrip(", ")
 
 
-def _count(n: int) -> str:
+def count_label(n: int) -> str:
     """A parameter count as its makers write it: 2.4M, 494M, 1.5B."""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..llama._lib import library_info
+from ..prompt.templates import family_of
 from .models import describe
 from .reduction import prefill_tok_s
 
@@ -36,6 +37,12 @@ def budget_status(engine) -> dict:
             "budget_tokens": speed.max_new(budget) if budget > 0 and speed.known else None}
 
 
+def fim_family(engine) -> str | None:
+    """The family of the model's FIM tokens (their stop tokens are the family's), by the marker's text."""
+    pre = engine.template.markers.pre
+    return family_of(engine.model.piece(pre[0], special=True)) if len(pre) == 1 and engine.model else None
+
+
 def engine_status(engine) -> dict:
     """What is loaded and how it is used."""
     ctx = engine.config.context
@@ -44,7 +51,7 @@ def engine_status(engine) -> dict:
         "model": str(engine.model.path), "description": describe(engine.model), **library_info(),
         "layout": engine.default_layout, "layout_reason": engine.layout_reason,
         "heal": engine.default_heal, "heal_reason": engine.heal_reason,
-        "fragment_trained": engine.fragment_trained,
+        "fragment_trained": engine.fragment_trained, "fim_family": fim_family(engine),
         "template": engine.template.source, "n_slots": ctx.n_slots, "n_ctx_seq": ctx.n_ctx_seq,
         "threads": engine.ctx.n_threads, "threads_batch": engine.ctx.n_threads_batch,
         "threads_auto": cores is not None, "cores": cores.cores if cores else None,

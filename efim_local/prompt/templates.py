@@ -113,6 +113,11 @@ def resolve(vocab: Vocab, family: str | None = None, text: TextTemplate | None =
     return Template(markers, stops, (), "gguf")
 
 
+def family_of(pre: bytes) -> str | None:
+    """The FIM family whose prefix marker is the text ``pre`` (None for text markers or unknown ones)."""
+    return next((name for name, fam in FAMILIES.items() if fam.pre.encode() == pre), None)
+
+
 def with_special_texts(template: Template, piece: Callable[[int], bytes], extra: tuple[int, ...] = ()) -> Template:
     """``template`` that also stops at the text of its marker and stop tokens (and ``extra``: the
     model's end tokens) spelled out in plain tokens: a model that writes one has left the middle,

@@ -141,7 +141,9 @@ def test_pull_by_name_check_use_then_complete(env, hub, tmp_path):
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text("max_tokens = 6\n\n[context]\nn_ctx_seq = 1024\nn_slots = 2\n")
     used = json.loads(run(env, "models", "use", "tiny-coder", "--json").stdout)
+    about = used.pop("about")
     assert used == {"model": out["path"], "config": str(cfg), "fim_template": None, "changes": []}
+    assert (about["layout"], about["heal"], about["fim"]) == ("efim", True, True) and about["params"], about
     text = cfg.read_text()
     assert text.startswith(f'model = "{out["path"]}"\n') and "n_slots = 2" in text and "max_tokens = 6" in text
 
@@ -200,6 +202,7 @@ def test_use_writes_the_template_that_belongs_to_the_model(tmp_path, hub, tiny_m
     out = r.stdout.decode()
     assert 'removed fim_template = "<PRE>,<SUF>,<MID>" (the model has FIM tokens)' in out and "fim_family" in out
     assert "running daemon keeps" not in out  # none runs
+    assert re.search(r"^  .*parameters, FIM tokens", out, re.M) and "  layout efim: " in out and "  healing on: " in out
     text = cfg.read_text()
     assert "fim_template" not in text and "fim_family" not in text and "max_tokens = 6" in text
     st = json.loads(run(env, "status", "--json").stdout)
@@ -346,3 +349,14 @@ def test_pull_and_use_refuse_a_gguf_llama_cpp_cannot_load(env, hub, tmp_path, ti
         assert r.stderr.decode().count("\n") == 1 and not cfg.exists(), r.stderr
     assert json.loads(run(env, "models", "list", "--json").stdout)["installed"] == []
     run(env, "status", "--json")  # the bundled model still serves: nothing broke the config
+
+
+def test_use_and_status_describe_a_real_model(tmp_path, qwen05):
+    """Issue 39 item 4: `models use` said nothing of the model, and status called the 0.5B "qwen2 1B"."""
+    env = {**os.environ, "EFIM_CONFIG": str(tmp_path / "config.toml"), "XDG_DATA_HOME": str(tmp_path / "data"),
+           "XDG_RUNTIME_DIR": str(tmp_path / "run"), "EFIM_SOCKET": str(tmp_path / "none.sock")}
+    out = run(env, "models", "use", str(qwen05)).stdout.decode().splitlines()
+    assert out[1] == "  Qwen2.5 Coder 0.5B Instruct AWQ: qwen2, 0.5B parameters, FIM tokens of the qwen family", out
+    assert out[2].startswith("  layout efim: FIM tokens, not fragment-trained") and out[3].startswith("  healing on: ")
+    st = json.loads(run(env, "status", "--json").stdout)
+    assert st["fim_family"] == "qwen" and "0.5B parameters" in st["description"] and st["heal"], st
