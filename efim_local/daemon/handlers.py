@@ -151,7 +151,7 @@ class Handlers:
 
     def status(self, conn=None, msg=None) -> dict:
         measure_cores(self.engine)  # here, not on the engine's thread: it may wait a quarter second
-        info = self.worker.call(lambda e: e.status())
+        info = self.worker.call(lambda e: e.status(), light=True)
         s = self.server
         info.update({"version": __version__, "socket": str(s.sock_path), "pid": os.getpid(),
                      "uptime_s": round(time.time() - s.started, 1),

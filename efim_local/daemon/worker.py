@@ -91,9 +91,10 @@ class Worker:
             conn.send(error(rid, Cancelled()))
         return True
 
-    def call(self, fn: Callable[[Engine], Any], timeout: float = 30.0) -> Any:
-        """Run ``fn(engine)`` on the engine thread and return its result."""
-        return self.scheduler.call(fn, timeout)
+    def call(self, fn: Callable[[Engine], Any], timeout: float = 30.0, light: bool = False) -> Any:
+        """Run ``fn(engine)`` on the engine thread and return its result (``light``: it only reads;
+        Scheduler.call)."""
+        return self.scheduler.call(fn, timeout, light)
 
     def post(self, fn: Callable[[Engine], Any]) -> None:
         """Run ``fn(engine)`` on the engine thread, without waiting."""

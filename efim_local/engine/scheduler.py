@@ -53,7 +53,7 @@ class Scheduler:
         self.cond = threading.Condition()
         self.waiting: deque[RequestTask] = deque()
         self.running: list[RequestTask] = []  # started, in the order they take turns
-        self.calls: deque[tuple[Callable, Future]] = deque()
+        self.calls: deque[tuple[Callable, Future, bool]] = deque()  # (fn, its future, light)
         self.background: deque[BackgroundTask] = deque()
         self.current: BackgroundTask | None = None  # the background task that has started
         self.stopping = False
@@ -100,18 +100,24 @@ class Scheduler:
                 running.cancelled.set()
             return running, False
 
-    def call(self, fn: Callable, timeout: float = 30.0) -> Any:
-        """Run ``fn(engine)`` on the engine thread and return its result."""
+    def call(self, fn: Callable, timeout: float = 30.0, light: bool = False) -> Any:
+        """Run ``fn(engine)`` on the engine thread and return its result. A ``light`` call only reads
+        (status): it runs between two background batches, neither stopping one nor closing the task
+        (a status bar that polls every half second stopped the open file's warm each time, and it
+        never got past its first batch)."""
         fut: Future = Future()
         with self.cond:
-            self.calls.append((fn, fut))
-            self._wake()
+            self.calls.append((fn, fut, light))
+            if light:
+                self.cond.notify()
+            else:
+                self._wake()
         return fut.result(timeout)
 
     def post(self, fn: Callable) -> None:
         """Run ``fn(engine)`` on the engine thread, without waiting."""
         with self.cond:
-            self.calls.append((fn, Future()))
+            self.calls.append((fn, Future(), False))
             self._wake()
 
     def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
@@ -151,7 +157,7 @@ class Scheduler:
 
     def waits(self) -> bool:
         """Whether a request or a call waits (background work stops for it)."""
-        return bool(self.waiting) or bool(self.calls) or self.stopping
+        return bool(self.waiting) or any(not light for _, _, light in self.calls) or self.stopping
 
     def orphans(self) -> list[RequestTask]:
         """The started requests, taken away (the engine thread died: the caller answers them)."""
@@ -197,12 +203,12 @@ class Scheduler:
             if self.held_at is not None:  # idle work waited for a request that was due (pace.py)
                 self.spent["held"] = self.spent.get("held", 0.0) + t - self.held_at
                 self.held_at = None
-            if kind != "background":
+            if kind != "background" and not (kind == "call" and item[2]):
                 self._close_background()  # a request or a call comes first: background work goes on later
                 self._spend("background", t)
                 t = self.clock()
             if kind == "call":
-                self._call(*item)
+                self._call(*item[:2])
                 self._spend("call", t)
             elif kind in ("start", "step"):
                 self._step(item)  # (counts its own time)

@@ -137,6 +137,40 @@ def test_background_work_yields_within_one_step_and_goes_on_later(scheduler, eng
     assert scheduler.pending_background() == 0
 
 
+def test_a_status_call_runs_between_background_steps_without_closing_the_task(scheduler, engine):
+    """A light call (status: it only reads) is answered between two steps of a background task, which
+    goes on where it was: a status bar polling every half second stopped the open file's warm each
+    time (issue 39). A call that changes the engine still closes the task first."""
+    log, answers, finished = [], [], threading.Event()
+
+    def task(engine, should_stop):
+        first = not log
+        log.append("start")
+        try:
+            for i in range(6):
+                log.append(("step", i))
+                if first and i == 2:
+                    threading.Thread(target=lambda: answers.append(scheduler.call(lambda e: "light", light=True))).start()
+                    wait_until(lambda: scheduler.calls, TIMEOUT)
+                if first and i == 4:
+                    threading.Thread(target=lambda: answers.append(scheduler.call(lambda e: "heavy"))).start()
+                    wait_until(lambda: scheduler.calls, TIMEOUT)
+                assert not should_stop() or (first and i == 4)  # only the heavy call stops it
+                yield "prefill"
+        except Cancelled:
+            log.append(("closed", i))
+            raise
+        log.append("finished")
+        finished.set()
+
+    scheduler.add_background(task, key="bg")
+    assert finished.wait(TIMEOUT)
+    wait_until(lambda: len(answers) == 2, TIMEOUT)
+    assert answers == ["light", "heavy"]
+    assert log[:7] == ["start", *[("step", i) for i in range(5)], ("closed", 4)], log
+    assert log[7] == "start" and log[-1] == "finished"
+
+
 def test_background_work_waits_for_a_request_that_is_due(scheduler, engine):
     """A keystroke came and the editor's debounce (learned: 500 ms here) ends before a quarter of a
     usual idle batch would: the request it will send would stop the batch, so idle work waits for it
