@@ -41,7 +41,7 @@ class OpeningConfig:
     files: int = 4  # per trace
     waits: tuple[float, ...] = WAITS
     conditions: tuple[str, ...] = ("new", "seen")
-    n_ctx: int = 8192
+    n_ctx: int = 4096  # the daemon's default slot
     threads: int = 0
     max_tokens: int = 16
     seed: int = 0

@@ -279,7 +279,7 @@ def opening(model, threads, n_ctx, out, as_json, files, tokens, waits, condition
         raise click.BadParameter("two numbers, LO,HI (3000,10000)", param_hint="--tokens") from None
     path, _ = suite.bench_model(model)
     cfg = op.OpeningConfig(path, files=files, waits=ws, conditions=tuple(conditions) or ("new", "seen"),
-                           threads=threads, n_ctx=n_ctx or 8192, tokens=(lo, hi), out=out)
+                           threads=threads, n_ctx=n_ctx or 4096, tokens=(lo, hi), out=out)
     res = op.run(cfg, log=None if as_json else click.echo)
     if as_json:
         emit({k: v for k, v in res.items() if k != "rows"}, True)
