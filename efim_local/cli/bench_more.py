@@ -112,7 +112,7 @@ def drafts(model, cursors, max_tokens, n_ctx, threads, out, as_json):
 @click.option("--alpha", type=click.FloatRange(0), default=4.0, show_default=True,
               help="Keep the cells whose score is at least the best's minus ALPHA.")
 @click.option("--queries", type=click.IntRange(1, 100_000), default=None,
-              help="Tail tokens rehearsed (default: the store's, 8).")
+              help="Tail tokens rehearsed (default: the selector's, 8).")
 @count("--threads", 0, "CPU threads (0: all).", lo=0, hi=1024)
 @OUT
 @AS_JSON
