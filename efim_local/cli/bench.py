@@ -172,8 +172,9 @@ def replay(quick, model, max_requests, threads, server, trace_name, out, as_json
     (/infill, /completion): time to first token and prompt tokens evaluated per request.
 
     \b
-    Example:
+    Examples:
       efim bench replay --model default --requests 50 --json
+      efim bench replay --quick --trace click
     """
     _run(("replay",), as_json, quick=quick, model=model, max_requests=max_requests, threads=threads, server=server,
          trace=trace_name, out=out)
@@ -224,8 +225,9 @@ def context(quick, model, max_requests, threads, max_prompt_ms, busy, trace_name
     full plans and llama.vim's window (docs/benchmarks-context.md).
 
     \b
-    Example:
+    Examples:
       efim bench context --trace click --requests 500 --n-ctx 4096 --model qwen2.5-coder-0.5b-random-q8_0.gguf
+      efim bench context --quick --model default
     """
     _run(("context",), as_json, quick=quick, model=model, max_requests=max_requests, threads=threads,
          max_prompt_ms=max_prompt_ms, busy=busy, trace=trace_name, n_ctx=n_ctx, out=out)
