@@ -1,7 +1,7 @@
 """Write random-weight GGUFs with the exact shapes of Qwen2.5-Coder-0.5B, -1.5B and -3B (Q8_0).
 
 Their text is noise; their timings are real (see efim_local/training/shape_models.py).
-Benchmarks use them: `efim bench paced --model PATH` (any part) or the scripts in this folder.
+Benchmarks use them: `efim bench speed --models DIR`, or `efim bench paced --model PATH` (any part).
 
     .venv/bin/python scripts/make_shape_models.py                 # all three, into models/
     .venv/bin/python scripts/make_shape_models.py --only qwen2.5-coder-0.5b --out /tmp/m

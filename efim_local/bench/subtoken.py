@@ -1,6 +1,6 @@
-"""The sub-token evaluation's pieces (scripts/eval_subtoken.py): cursors at mid-word and word-boundary
-positions, prompts built the engine's way, and the probability of the true continuation computed
-exactly through llama.cpp, batched over many sequences.
+"""The sub-token evaluation's pieces (`efim bench subtoken`: subtoken_eval.py): cursors at mid-word
+and word-boundary positions, prompts built the engine's way, and the probability of the true
+continuation computed exactly through llama.cpp, batched over many sequences.
 
 What a score is (docs/models.md, "Sub-token evaluation", defines it for readers):
 

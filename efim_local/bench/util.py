@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: models, source files, tables, results."""
+"""Helpers shared by the benchmarks: models, source files, tables, results."""
 
 from __future__ import annotations
 
@@ -74,6 +74,24 @@ def table(rows: list[dict], cols: list[str]) -> str:
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
     return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
+
+
+def options(cfg) -> dict:
+    """A benchmark's options (a dataclass) for its JSON: paths as strings."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(cfg).items()}
+
+
+def busiest(n: int = 5) -> list[str]:
+    """The processes using the most CPU now (what else was running: a shared machine moves the numbers)."""
+    import subprocess
+
+    r = subprocess.run(["ps", "-eo", "pcpu,comm", "--sort=-pcpu", "--no-headers"], capture_output=True, text=True)
+    return [" ".join(line.split()) for line in r.stdout.splitlines()[:n]]
+
+
+def model_name(model: str) -> str:
+    """``model`` in a results file's name: 'default' and 'gemma' as they are, any other 'model'."""
+    return model if model in ("default", "gemma") else "model"
 
 
 def save(name: str, payload: dict, results: Path = RESULTS) -> Path:

@@ -1,7 +1,7 @@
 """The ``efim`` command line: a thin layer over the library API.
 
 Commands live in small modules: complete.py (complete, status), cache.py, daemon.py (serve, daemon),
-bench.py. helpdoc.py renders every command's help into docs/cli.md.
+bench.py and bench_more.py. helpdoc.py renders every command's help into docs/cli.md.
 """
 
 from __future__ import annotations
@@ -173,4 +173,4 @@ def tier_usage(t: dict) -> str:
     return f"{t['states']:5} states  {t['bytes'] / MIB:9.2f} / {t['budget_bytes'] / MIB:.0f} MiB"
 
 
-from . import bench, cache, complete, daemon, lsp, models  # noqa: E402,F401  (registers the commands)
+from . import bench, bench_more, cache, complete, daemon, lsp, models  # noqa: E402,F401  (registers the commands)

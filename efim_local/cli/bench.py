@@ -1,5 +1,6 @@
 """`efim bench`: benchmarks, one subcommand per part (paced, replay, rounds, restore, context, quality,
-all; and user), each with a table, JSON and, where it has one, a chart.
+all; and opening, user), each with a table, JSON and, where it has one, a chart. The others (cli,
+drafts, infinigen, instant, load, lsp, nvim, overhead, speed, subtoken, team) are in bench_more.py.
 
 The parts run through efim_local/bench/suite.py, as `efim bench --only PART` did; that old form (and
 `efim bench --quick`) still works: a first argument that is an option goes to the hidden `legacy`
@@ -90,14 +91,18 @@ class BenchGroup(click.Group):
 @main.group(cls=BenchGroup)
 def bench():
     """Benchmarks: real edits replayed through efim and llama-server, the EFIM paper's rounds, state
-    restores, context and answer quality. One subcommand per part; each saves a JSON (and a chart) in
-    --out. `efim bench --only PART ...` and `efim bench --quick` still work (the former form).
+    restores, context and answer quality; and the daemon's latency and load, the editors' first
+    ghost, drafts, sparse restores, speed per model size, sub-token scores, many users on one server.
+    One subcommand per benchmark (`efim bench NAME --help`); each prints its tables (--json: JSON
+    instead) and most save a JSON in --out. `efim bench --only PART ...` and `efim bench --quick`
+    still work (the former form).
 
     \b
     Examples:
       make server && efim bench all --quick
       efim bench paced --model default --trace click --requests 200 --n-ctx 4096
       efim bench quality --model qwen0.5b --set multi --requests 300
+      efim bench overhead --model default --json
     """
 
 
@@ -167,8 +172,9 @@ def replay(quick, model, max_requests, threads, server, trace_name, out, as_json
     (/infill, /completion): time to first token and prompt tokens evaluated per request.
 
     \b
-    Example:
+    Examples:
       efim bench replay --model default --requests 50 --json
+      efim bench replay --quick --trace click
     """
     _run(("replay",), as_json, quick=quick, model=model, max_requests=max_requests, threads=threads, server=server,
          trace=trace_name, out=out)
@@ -219,8 +225,9 @@ def context(quick, model, max_requests, threads, max_prompt_ms, busy, trace_name
     full plans and llama.vim's window (docs/benchmarks-context.md).
 
     \b
-    Example:
+    Examples:
       efim bench context --trace click --requests 500 --n-ctx 4096 --model qwen2.5-coder-0.5b-random-q8_0.gguf
+      efim bench context --quick --model default
     """
     _run(("context",), as_json, quick=quick, model=model, max_requests=max_requests, threads=threads,
          max_prompt_ms=max_prompt_ms, busy=busy, trace=trace_name, n_ctx=n_ctx, out=out)

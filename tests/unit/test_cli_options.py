@@ -46,3 +46,24 @@ def test_bench_keeps_its_former_form(monkeypatch):
     assert cfg.quick and cfg.parts == ("paced", "replay", "rounds", "restore")
     assert _bench(monkeypatch, "--model", "default", "--only", "context", "--only", "quality").parts == \
         ("context", "quality")
+
+
+def test_every_bench_subcommand_has_help_with_examples():
+    """`efim bench NAME --help` exits 0 and shows an Examples block that runs `efim bench NAME`."""
+    import re
+
+    from click.testing import CliRunner
+
+    from efim_local.cli import main
+    from efim_local.cli.bench import bench
+
+    names = [n for n, cmd in bench.commands.items() if not cmd.hidden]
+    assert {"paced", "all", "cli", "drafts", "infinigen", "instant", "load", "lsp", "nvim", "overhead", "speed",
+            "subtoken", "team", "user"} <= set(names)
+    for name in names:
+        r = CliRunner().invoke(main, ["bench", name, "--help"], standalone_mode=False)
+        assert r.exit_code == 0 and r.exception is None, (name, r.output)
+        block = r.output.split("Examples:\n", 1)
+        assert len(block) == 2, f"efim bench {name} --help has no Examples block:\n{r.output}"
+        examples = block[1].split("\n\n", 1)[0]
+        assert re.search(rf"\befim bench {name}\b", examples), (name, examples)

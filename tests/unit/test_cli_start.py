@@ -2,7 +2,7 @@
 heavy modules); a cached completion through the daemon imports only what it needs.
 
 Each check runs in a fresh interpreter (this one has imported who knows what). Timings are not
-asserted here: scripts/bench_cli.py measures them."""
+asserted here: `efim bench cli` measures them."""
 
 import json
 import subprocess

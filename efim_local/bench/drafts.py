@@ -1,35 +1,44 @@
-"""Speculative decoding with completion drafts (issue 24): decode speed with and without drafts,
-and token identity, over many cursors in real files.
+"""Speculative decoding with completion drafts (issue 24, `efim bench drafts`): decode speed with and
+without drafts, and token identity, over many cursors in real files.
 
-Cursors come from this repository's sources and the click trace's files (``efim_local/data``):
-at each, a block of lines is deleted (a multi-line gap, or the rest of a line and the lines after
-it), as when someone writes code there. Each cursor is completed twice by one engine, plainly and
-with drafts (alternating which runs first; the second reuses the first's prompt KV), at
-temperature 0. Decode speed is the tokens after the first over the time after the first
-(``timings.predict_ms``); "multi-line" counts the cursors whose answer spans 2 lines or more.
-
-    nice -n 19 python scripts/bench_drafts.py --cursors 1000          # gemma3-270m, 2 threads
-    python scripts/bench_drafts.py --model default --cursors 50
+Cursors come from this package's sources and the click trace's files (``efim_local/data``): at each,
+a block of lines is deleted (a multi-line gap, or the rest of a line and the lines after it), as when
+someone writes code there. Each cursor is completed twice by one engine, plainly and with drafts
+(alternating which runs first; the second reuses the first's prompt KV), at temperature 0. Decode
+speed is the tokens after the first over the time after the first (``timings.predict_ms``);
+"multi-line" counts the cursors whose answer spans 2 lines or more.
 """
 
-import argparse
+from __future__ import annotations
+
+import os
 import random
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from efim_local.bench import util as bu
-from efim_local.config import Config, ContextParams
-from efim_local.engine import CompletionRequest, Engine
+from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import util as bu
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class DraftsConfig:
+    model: str = "gemma"
+    cursors: int = 1000
+    max_tokens: int = 64
+    n_ctx: int = 512  # tokens per slot (the plan's context)
+    threads: int = 2
+    out: Path = bu.RESULTS
 
 
 def files() -> list[tuple[str, str]]:
-    """(name, text) of this repository's Python sources and the click trace's files (after each commit)."""
-    from efim_local.bench import trace
+    """(name, text) of this package's Python sources and the click trace's files (after each commit)."""
+    from . import trace
 
-    out = [(str(p.relative_to(ROOT)), p.read_text("utf-8")) for p in sorted((ROOT / "efim_local").rglob("*.py"))]
+    out = [(str(p.relative_to(PACKAGE.parent)), p.read_text("utf-8")) for p in sorted(PACKAGE.rglob("*.py"))]
     seen = set()
     for c in trace.load(trace.resolve("click")):
         if c.file not in seen and c.file.endswith(".py"):
@@ -62,23 +71,19 @@ def cursor(i: int, corpus: list[tuple[str, str]]) -> tuple[str, str, int, str]:
     return name, text[:cut] + text[end:], cut, kind
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="gemma", help="'gemma' (gemma3-270m), 'default' or a GGUF path")
-    ap.add_argument("--cursors", type=int, default=1000)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--n-ctx", type=int, default=512, help="tokens per slot (the plan's context)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=bu.RESULTS)
-    args = ap.parse_args()
-    model, template = bu.bench_model(args.model)
+def run(cfg: DraftsConfig, log=print) -> dict:
+    """Every cursor plainly and with drafts; the report (saved every 50 cursors) with its JSON path."""
+    from ..config import Config, ContextParams
+    from ..engine import CompletionRequest, Engine
+
+    model, template = bu.bench_model(cfg.model)
     corpus = files()
-    cfg = Config(fim_template=template, max_tokens=args.max_tokens, max_prompt_ms=0, answer_cache=0, store=False,
-                 grow_share=0, context=ContextParams(n_ctx_seq=args.n_ctx, n_slots=2, n_threads=args.threads,
-                                                     n_threads_batch=args.threads))
+    ecfg = Config(fim_template=template, max_tokens=cfg.max_tokens, max_prompt_ms=0, answer_cache=0, store=False,
+                  grow_share=0, context=ContextParams(n_ctx_seq=cfg.n_ctx, n_slots=2, n_threads=cfg.threads,
+                                                      n_threads_batch=cfg.threads))
     rows, t0 = [], time.time()
-    with Engine(cfg, model) as eng:
-        for i in range(args.cursors):
+    with Engine(ecfg, model) as eng, tqdm(total=cfg.cursors, desc="drafts", disable=log is None) as bar:
+        for i in range(cfg.cursors):
             name, doc, cur, kind = cursor(i, corpus)
             req = CompletionRequest(doc, cur, path=f"/bench/drafts/{i}.py")
             res = {}
@@ -92,16 +97,17 @@ def main() -> int:
                          "lines": len(p.text.strip("\n").splitlines()), "reason": p.stop_reason,
                          "plain_ms": p.timings.predict_ms, "drafts_ms": d.timings.predict_ms, "verifications": nv,
                          "identical": p.token_ids == d.token_ids and p.text == d.text})
-            if (i + 1) % 50 == 0 or i + 1 == args.cursors:
-                report = summarize(rows, args, model, time.time() - t0)
-                bu.save("drafts", report, args.out)
-                print(f"{i + 1} cursors, {time.time() - t0:.0f} s, identical {report['identical']}/{i + 1}",
-                      file=sys.stderr, flush=True)
+            bar.update(1)
+            if (i + 1) % 50 == 0 or i + 1 == cfg.cursors:
+                report = summarize(rows, cfg, model, time.time() - t0)
+                bu.save("drafts", report, cfg.out)
+                bar.set_postfix(identical=f"{report['identical']}/{i + 1}")
         report["draft_stats"] = eng.decoder.draft_stats.as_dict()
-    print(bu.table(report["table"], list(report["table"][0])))
-    path = bu.save("drafts", report, args.out)
-    print(f"\n{report['identical']}/{len(rows)} cursors token-identical; JSON: {path}")
-    return 0 if report["identical"] == len(rows) else 1
+    report["json"] = str(bu.save("drafts", report, cfg.out))
+    if log is not None:
+        log(bu.table(report["table"], list(report["table"][0])))
+        log(f"\n{report['identical']}/{len(rows)} cursors token-identical; JSON: {report['json']}")
+    return report
 
 
 def speed(rows) -> dict:
@@ -115,16 +121,10 @@ def speed(rows) -> dict:
             "tokens_per_verification": n / max(1, sum(r["verifications"] for r in rows))}
 
 
-def summarize(rows, args, model, elapsed) -> dict:
-    import os
-
+def summarize(rows, cfg: DraftsConfig, model, elapsed) -> dict:
     groups = {"overall": rows, "multi-line": [r for r in rows if r["lines"] >= 2],
               "single-line": [r for r in rows if r["lines"] < 2]}
     table = [{"completions": k, **speed(v)} for k, v in groups.items() if v]
-    return {"model": str(model), "cursors": len(rows), "max_tokens": args.max_tokens, "n_ctx": args.n_ctx,
-            "threads": args.threads, "identical": sum(r["identical"] for r in rows), "table": table,
+    return {"model": str(model), "cursors": len(rows), "max_tokens": cfg.max_tokens, "n_ctx": cfg.n_ctx,
+            "threads": cfg.threads, "identical": sum(r["identical"] for r in rows), "table": table,
             "elapsed_s": elapsed, "load_avg": os.getloadavg(), "rows": rows}
-
-
-if __name__ == "__main__":
-    sys.exit(main())
