@@ -42,7 +42,7 @@ def count_label(n: int) -> str:
     return str(n)
 
 
-# The defaults come from the sub-token evaluation (scripts/eval_subtoken.py, docs/models.md,
+# The defaults come from the sub-token evaluation (efim bench subtoken, docs/models.md,
 # "Choosing the layout"): every kind of model continues a partial word best with EFIM (the typed text
 # after the middle marker) and token healing, and EFIM never recomputes the suffix while one types.
 KIND_FRAGMENT = "fragment-trained"
