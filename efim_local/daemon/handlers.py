@@ -13,7 +13,6 @@ import time
 
 from .. import __version__
 from ..engine import CompletionRequest, Engine
-from ..engine.background import warm_steps
 from ..engine.reduction import help_text
 from ..engine.status import measure_cores
 from ..errors import InvalidParams, InvalidRequest
@@ -230,7 +229,7 @@ class Handlers:
                     return
             if len(text) > IDLE_MAX_CHARS:
                 return
-            cursor = None if cursor is None else min(cursor, len(text))  # None: background.top_steps
-            return warm_steps(engine, path, text, cursor, should_stop)
+            cursor = None if cursor is None else min(cursor, len(text))  # None: Growth.top_steps
+            return engine.growth.warm_steps(path, text, cursor, should_stop)
 
         self.worker.add_idle(warm, key=("warm", path), path=path)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engine import CompletionRequest, Engine
-from ..engine.background import grow_steps
 from ..engine.instant import ahead_steps
 from ..engine.run import greedy
 from ..engine.scheduler import Scheduler
@@ -170,5 +169,5 @@ class Worker:
         """If the budget cut the context of ``path``'s plan, grow it back while idle. Answered or not:
         most requests are cancelled by the next keystroke, and their plan is the next one's."""
         if self.engine.reduced(path):
-            self.add_idle(lambda engine, should_stop: grow_steps(engine, path, should_stop), key=("grow", path),
+            self.add_idle(lambda engine, should_stop: engine.growth.grow_steps(path, should_stop), key=("grow", path),
                           path=path)

@@ -111,6 +111,7 @@ class Engine:
             self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
             self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
             self.pace = Pace(policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
+            self.growth = background.Growth(self)  # work for requests to come: growth, prefill, idle chunks
             self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
@@ -267,7 +268,7 @@ class Engine:
     def interrupt(self) -> None:
         """A request or a call came (any thread): an interruptible batch stops now, not at its end.
         Unless little of it is left: less than half of it, and less than half of ``patience_s`` (a
-        chunk of the usual size; idle chunks grow in quiet spells, background.idle_chunk): finishing
+        chunk of the usual size; idle chunks grow in quiet spells, Growth.idle_chunk): finishing
         it wastes less than dropping it. And unless the latest answer had little context
         (``policy.starved``) and no more than ``patience_s`` is left: then every batch of growth is worth
         more than the wait (on the 1.5B shape, interrupting cut the mean context from 15% to 4% of
@@ -288,27 +289,24 @@ class Engine:
 
     # -- background work, run to its end (the daemon's scheduler runs it in steps) ---------------
     def grow(self, path: str, should_stop=None) -> None:
-        """Put back the context a latency budget took from ``path``'s plan (background.grow_steps)."""
-        drive(background.grow_steps(self, path, should_stop))
+        """Put back the context a latency budget took from ``path``'s plan (Growth.grow_steps)."""
+        drive(self.growth.grow_steps(path, should_stop))
 
     def prefill(self, path: str, text: str, cursor: int, should_stop=None) -> None:
-        """Compute the plan a request at ``cursor`` would make, then grow it (background.prefill_steps)."""
-        drive(background.prefill_steps(self, path, text, cursor, should_stop))
+        """Compute the plan a request at ``cursor`` would make, then grow it (Growth.prefill_steps)."""
+        drive(self.growth.prefill_steps(path, text, cursor, should_stop))
 
     def ahead(self, path: str, should_stop=None) -> None:
         """Extend the greedy continuation of ``path``'s last answer (instant.ahead_steps)."""
         drive(ahead_steps(self, path, should_stop) or iter(()))
 
     def calibrate(self, should_stop=None) -> None:
-        """Measure the prefill speed and build the healer's index (background.calibrate_steps)."""
-        drive(background.calibrate_steps(self, should_stop))
+        """Measure the prefill speed and build the healer's index (Growth.calibrate_steps)."""
+        drive(self.growth.calibrate_steps(should_stop))
 
     def reduced(self, path: str | None) -> bool:
         """Whether the budget reduced ``path``'s current plan (growth has work to do)."""
-        return background.reduced(self, path)
-
-    def idle_chunk(self, n_ctx: int) -> int:
-        return background.idle_chunk(self, n_ctx)
+        return self.growth.reduced(path)
 
     # -- maintenance -------------------------------------------------------------------------
     def flush(self) -> None:

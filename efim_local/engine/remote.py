@@ -21,6 +21,7 @@ from ..backend import Pool
 from ..config import Config
 from ..llama import Model
 from ..prompt.healing import Healer
+from .background import Growth
 from .decode import ends
 from .engine import Engine, make_planner
 from .files import Files
@@ -83,6 +84,7 @@ class RemoteEngine(Engine):
             self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
             self.speed, self._saved_speed = PrefillSpeed(policy=policy), 0
             self.pace, self.patience_s = Pace(policy), 0.0  # (no local batches: idle work never holds for a request)
+            self.growth = Growth(self)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             self.default_layout, self.layout_reason = choose_layout(
                 self.model.meta, config.layout, self.template.source == "text")

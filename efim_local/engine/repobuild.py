@@ -19,7 +19,6 @@ import numpy as np
 from ..errors import Cancelled, EfimError
 from ..prompt.planner import REPO_CONTEXT
 from ..request import Options
-from .background import top_steps
 from .tokenizing import interruptible_planning
 from .repoctx import RepoLeads
 from .run import RunOptions, run_steps
@@ -70,7 +69,7 @@ def rebuild_steps(engine, path: str, should_stop=None):
         # A file opened, no request yet: warm its top after the lead, so that its first request, which
         # adopts a lead whose KV is at hand (adopt()), finds it, and its prefix's head after it.
         with interruptible_planning(engine.planner, should_stop):  # a request never waits for the tokenizer
-            yield from top_steps(engine, path, text, should_stop, lead=lead.tokens)
+            yield from engine.growth.top_steps(path, text, should_stop, lead=lead.tokens)
         return
     if session.lead == lead.tokens:
         return
@@ -79,7 +78,7 @@ def rebuild_steps(engine, path: str, should_stop=None):
     if project.t0_done != lead.t0_digest:  # the T0 head alone: its own saved state, shared by every file
         if engine.reuse.peek(np.asarray(head, dtype=np.int32)) < len(head):
             yield from run_steps(engine, head, Options(max_tokens=0), RunOptions(
-                path=f"repo-t0:{project.root}", should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
+                path=f"repo-t0:{project.root}", should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True))
         project.t0_done = lead.t0_digest
     old = session.anchor
     planner = engine.planner_with(lead.tokens)
@@ -95,7 +94,7 @@ def rebuild_steps(engine, path: str, should_stop=None):
         return
     tokens = planner.stable_tokens(session.layout, new, session.typed)
     yield from run_steps(engine, tokens, Options(max_tokens=0), RunOptions(
-        path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
+        path=path, should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True))
     if engine.files.get(path) is not f or f.session is not session or session.anchor is not old:
         raise Cancelled()  # re-anchored meanwhile: again when idle (what was prefilled stays in its slot)
     repo.use(session, path, lead, lead.tokens)

@@ -386,13 +386,12 @@ def test_a_file_opened_without_a_cursor_warms_its_top(engine, reference):
     """Opened before any cursor is known, a file bigger than a slot is warmed from its top (the head
     of every plan on its first window), not at its end (another window): a request in the first
     window then finds its prefix cached, and its answer equals its plan computed cold."""
-    from efim_local.engine.background import top_steps
     from efim_local.engine.decode import drive
 
     text, path = "".join(DOCS), "opened.py"  # about three slots' worth
     engine.forget(path)
     engine.clear_slots()
-    drive(top_steps(engine, path, text))
+    drive(engine.growth.top_steps(path, text))
     cur = text.index("\n", 1500) + 1
     req = CompletionRequest(text, cur, path=path, layout="efim", max_tokens=4, heal=False)
     out = engine.complete(req)
@@ -496,8 +495,6 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
     eighth of the room would take more than policy.near_max_ms, a sixteenth is grown first, and a keystroke
     has it cached (answering as from the same plan computed cold); where none would fit in time,
     there is no near window."""
-    from efim_local.engine import background
-
     text, path = DOCS[1], "near-slow.py"
     pl = engine.planner
     eighth = pl.space(engine.config.max_tokens) // 8
@@ -528,11 +525,11 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
         anchor = engine.session(path).anchor
         assert pl.near == 16 and anchor.reduced and anchor.inner
         full = pl.full_anchor(anchor)
-        near = background.near_plan(engine, pl, path, full, anchor)
+        near = engine.growth.near_plan(pl, path, full, anchor)
         assert near is not None and len(near.prefix_tokens) <= eighth // 2
         # A plan whose cached head from the window's top holds a few near windows grows the window.
         headed = replace(anchor, head=engine.policy.head_over_near * len(near.prefix_tokens))
-        assert anchor.base == 0 and background.near_plan(engine, pl, path, full, headed) is None
+        assert anchor.base == 0 and engine.growth.near_plan(pl, path, full, headed) is None
         stable = pl.stable_tokens("efim", near, engine.session(path).typed)
         peek = lambda toks: engine.reuse.peek(np.asarray(toks, np.int32))
         t0 = engine.policy.clock()
@@ -555,7 +552,7 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
         far = text.index("\n", 3000) + 1
         engine.complete(CompletionRequest(text, far, path=path, layout="efim", max_prompt_ms=ms * 12, max_tokens=2))
         there = engine.session(path).anchor
-        far_near = lambda: background.near_plan(engine, pl, path, pl.full_anchor(there), there)
+        far_near = lambda: engine.growth.near_plan(pl, path, pl.full_anchor(there), there)
         state.near_until = engine.policy.clock() + 60
         assert far_near() is None
         state.near_until = 0.0
