@@ -14,7 +14,6 @@ import time
 from .. import __version__
 from ..engine import CompletionRequest, Engine
 from ..engine.reduction import help_text
-from ..engine.status import measure_cores
 from ..errors import InvalidParams, InvalidRequest
 from ..prompt.document import read_source
 from .dispatch import DEFERRED
@@ -149,7 +148,7 @@ class Handlers:
         return {"cancelled": self.worker.cancel(conn, rid)}
 
     def status(self, conn=None, msg=None) -> dict:
-        measure_cores(self.engine)  # here, not on the engine's thread: it may wait a quarter second
+        self.engine.status_report.measure_cores()  # here, not on the engine's thread: it may wait a quarter second
         info = self.worker.call(lambda e: e.status(), light=True)
         s = self.server
         info.update({"version": __version__, "socket": str(s.sock_path), "pid": os.getpid(),

@@ -23,7 +23,7 @@ from ..errors import Cancelled
 from ..request import CompletionRequest, Options
 from ..prompt.windows import text_end
 from .decode import SHOWN, drive
-from .run import PROBE, RunOptions, complete_steps, run_steps, stage_ends
+from .run import PROBE, RunOptions, stage_ends
 from .tokenizing import interruptible_planning
 
 log = logging.getLogger("efim.engine")
@@ -90,9 +90,9 @@ class Growth:
         tokens = planner.stable_tokens(session.layout, anchor, session.typed)
         refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, anchor))])
         for stage in self.stages(planner, session, anchor, tokens, first):
-            out = yield from run_steps(engine, stage, Options(max_tokens=0), refresh)
+            out = yield from engine.runner.run_steps(stage, Options(max_tokens=0), refresh)
             engine.slots.slots[out.slot].idle = False
-        out = yield from run_steps(engine, tokens, Options(max_tokens=0), ro)
+        out = yield from engine.runner.run_steps(tokens, Options(max_tokens=0), ro)
         if leave:
             engine.slots.slots[out.slot].idle = False
         return tokens
@@ -179,7 +179,8 @@ class Growth:
         Cancelled when ``should_stop`` says so, keeping what was computed)."""
         engine = self.engine
         req = CompletionRequest(text, cursor, path=path, max_tokens=0)
-        yield from complete_steps(engine, req, RunOptions(should_stop=should_stop, chunk=self.idle_chunk, idle=True))
+        ro = RunOptions(should_stop=should_stop, chunk=self.idle_chunk, idle=True)
+        yield from engine.runner.complete_steps(req, ro)
         yield from self.grow_steps(path, should_stop)
 
     def warm_steps(self, path: str, text: str, cursor: int | None, should_stop):
@@ -207,7 +208,7 @@ class Growth:
         prefix = prefix[:space * 3 // 4]
         if prefix:
             ro = RunOptions(path=path, should_stop=should_stop, chunk=self.idle_chunk, idle=True)
-            yield from run_steps(engine, planner.head_tokens(tuple(prefix)), Options(max_tokens=0), ro)
+            yield from engine.runner.run_steps(planner.head_tokens(tuple(prefix)), Options(max_tokens=0), ro)
 
     def calibrate_steps(self, should_stop=None, n: int = 64):
         """Measure prefill speed (for the latency budget) over ``4 * n`` tokens in chunks of ``n``, at

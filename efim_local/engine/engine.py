@@ -32,10 +32,10 @@ from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
 from .pace import Pace
 from .policy import Policy
 from .reuse import Reuse
-from .run import RunOptions, complete_steps, run_steps
+from .run import RunOptions, Runner
 from .slots import SlotManager
 from .speed import PrefillSpeed, load_speed, save_speed, speed_path
-from .status import engine_status
+from .status import StatusReport
 
 
 log = logging.getLogger("efim.engine")
@@ -111,7 +111,9 @@ class Engine:
             self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
             self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
             self.pace = Pace(policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
+            self.runner = Runner(self)  # requests as steps: the budget's plan, the slot, prefill, generation
             self.growth = background.Growth(self)  # work for requests to come: growth, prefill, idle chunks
+            self.status_report = StatusReport(self)  # ``efim status`` and the daemon's status
             self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
             self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                                self.n_stream, self.swa)
@@ -240,14 +242,14 @@ class Engine:
         ``on_text`` receives streamed text; ``should_stop()`` cancels (Cancelled)."""
         self.active_at = self.policy.clock()
         ride = background.Alongside(self, req.path, self.active_at, should_stop)
-        return background.drive_riding(complete_steps(self, req, RunOptions(on_text=on_text, should_stop=should_stop)),
-                                       ride)
+        steps = self.runner.complete_steps(req, RunOptions(on_text=on_text, should_stop=should_stop))
+        return background.drive_riding(steps, ride)
 
     def run(self, tokens, how: Options, cold: bool = False, closers: str = "", path: str | None = None,
             heal: bytes = b"") -> Completion:
         """Decode a token prompt in the best slot and generate; ``cold`` ignores all cached KV; the
         first tokens spell out ``heal`` (text backed off the prompt)."""
-        return drive(run_steps(self, tokens, how, RunOptions(path=path, cold=cold, closers=closers, heal=heal)))
+        return drive(self.runner.run_steps(tokens, how, RunOptions(path=path, cold=cold, closers=closers, heal=heal)))
 
     def fit_threads(self) -> None:
         """Automatic threads: as many as the cores other processes leave free (engine/cpu.py)."""
@@ -336,4 +338,4 @@ class Engine:
 
     def status(self) -> dict:
         """What is loaded and how it is used (``efim status`` and the daemon's status)."""
-        return engine_status(self)
+        return self.status_report.engine_status()

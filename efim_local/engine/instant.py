@@ -200,7 +200,7 @@ def ahead_steps(engine, path: str, should_stop=None):
     if len(s.ids) >= target or (s.ids and engine.instant.ends(s.ids[-1])):
         return
     slot, _ = engine.slots.pick(np.concatenate([s.prompt, np.asarray(s.ids, dtype=np.int32)]))
-    if not keep_known(engine, slot, s.prompt, s.ids):
+    if not keep_known(engine.ctx, slot, s.prompt, s.ids):
         return
     slot.touch(path, engine.reuse.used(path))  # (dated by the file's last use: SlotManager._loss)
     with Sampler(SamplerParams()) as greedy:
@@ -215,15 +215,15 @@ def ahead_steps(engine, path: str, should_stop=None):
             yield "ahead"
 
 
-def keep_known(engine, slot, prompt: np.ndarray, known) -> bool:
+def keep_known(ctx, slot, prompt: np.ndarray, known) -> bool:
     """Whether ``slot`` holds all of ``prompt`` (then its KV is cut to what it holds of ``prompt`` +
-    ``known``: generation goes on from there, no prompt token evaluated)."""
+    ``known``: generation goes on from there, no prompt token evaluated; ``ctx``: the slot's context)."""
     want = np.concatenate([prompt, np.asarray(known, dtype=np.int32)]) if len(known) else prompt
     n = common_prefix(slot.tokens, want)
     if n < len(prompt) or slot.sparse:
         return False
     if n < len(slot.tokens):
-        if not engine.ctx.seq_rm(slot.seq, n, -1):
+        if not ctx.seq_rm(slot.seq, n, -1):
             return False
         slot.tokens = slot.tokens[:n]
     return True

@@ -29,8 +29,10 @@ from .instant import Instant, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, describe, model_kind
 from .pace import Pace
 from .policy import Policy
+from .run import Runner
 from .slots import SlotManager
 from .speed import PrefillSpeed
+from .status import StatusReport
 
 log = logging.getLogger("efim.engine")
 
@@ -84,7 +86,7 @@ class RemoteEngine(Engine):
             self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
             self.speed, self._saved_speed = PrefillSpeed(policy=policy), 0
             self.pace, self.patience_s = Pace(policy), 0.0  # (no local batches: idle work never holds for a request)
-            self.growth = Growth(self)
+            self.runner, self.growth, self.status_report = Runner(self), Growth(self), StatusReport(self)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             self.default_layout, self.layout_reason = choose_layout(
                 self.model.meta, config.layout, self.template.source == "text")

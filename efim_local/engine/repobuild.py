@@ -21,7 +21,7 @@ from ..prompt.planner import REPO_CONTEXT
 from ..request import Options
 from .tokenizing import interruptible_planning
 from .repoctx import RepoLeads
-from .run import RunOptions, run_steps
+from .run import RunOptions
 
 log = logging.getLogger("efim.engine")
 
@@ -77,7 +77,7 @@ def rebuild_steps(engine, path: str, should_stop=None):
     head = (*bos, *lead.tokens[:lead.t0])
     if project.t0_done != lead.t0_digest:  # the T0 head alone: its own saved state, shared by every file
         if engine.reuse.peek(np.asarray(head, dtype=np.int32)) < len(head):
-            yield from run_steps(engine, head, Options(max_tokens=0), RunOptions(
+            yield from engine.runner.run_steps(head, Options(max_tokens=0), RunOptions(
                 path=f"repo-t0:{project.root}", should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True))
         project.t0_done = lead.t0_digest
     old = session.anchor
@@ -93,7 +93,7 @@ def rebuild_steps(engine, path: str, should_stop=None):
         repo.mark_unfit(path, lead)
         return
     tokens = planner.stable_tokens(session.layout, new, session.typed)
-    yield from run_steps(engine, tokens, Options(max_tokens=0), RunOptions(
+    yield from engine.runner.run_steps(tokens, Options(max_tokens=0), RunOptions(
         path=path, should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True))
     if engine.files.get(path) is not f or f.session is not session or session.anchor is not old:
         raise Cancelled()  # re-anchored meanwhile: again when idle (what was prefilled stays in its slot)

@@ -8,7 +8,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine import CompletionRequest, Engine
-from efim_local.engine import run as run_mod
 from efim_local.request import Options
 from efim_local.engine.speed import PrefillSpeed
 from efim_local.prompt import planner as planner_mod
@@ -215,8 +214,8 @@ def test_growth_during_generation_is_exact(engine, reference, doc, at, share, ty
     context needs."""
     engine.config = replace(engine.config, grow_share=share)
     used = []  # the plan each request answered from (the budget's, not plan()'s)
-    fit = run_mod.fit_budget
-    monkeypatch.setattr(run_mod, "fit_budget", lambda e, req, plan: used.append(fit(e, req, plan)) or used[-1])
+    fit = engine.runner.fit_budget
+    monkeypatch.setattr(engine.runner, "fit_budget", lambda req, plan: used.append(fit(req, plan)) or used[-1])
     try:
         text, path = DOCS[doc], f"ride-{doc}.py"
         engine.forget(path)
@@ -249,8 +248,8 @@ def test_keystrokes_take_the_growth_as_it_goes_exactly(engine, reference, doc, a
     prefix, then the start of the suffix) instead of waiting for the whole plan; every answer, on a
     partly grown plan or not, equals its plan computed cold."""
     used = []
-    fit = run_mod.fit_budget
-    monkeypatch.setattr(run_mod, "fit_budget", lambda e, req, plan: used.append(fit(e, req, plan)) or used[-1])
+    fit = engine.runner.fit_budget
+    monkeypatch.setattr(engine.runner, "fit_budget", lambda req, plan: used.append(fit(req, plan)) or used[-1])
     text, path = DOCS[doc], f"adopt-{doc}.py"
     engine.forget(path)
     cur = text.index("\n", int(len(text) * at)) + 1
@@ -411,17 +410,17 @@ def test_a_plan_lacking_prefix_lines_takes_them_as_soon_as_they_are_grown(engine
     top, cur = text.index("\n", 2500) + 1, text.index("\n", 2800) + 1
     engine.complete(CompletionRequest(text, top, path=path, layout="efim", max_prompt_ms=0, max_tokens=2))
     used = []
-    fit = run_mod.fit_budget
+    fit = engine.runner.fit_budget
 
     def key(ch):  # a keystroke at the cursor, within a 40 ms budget (40 new tokens)
         nonlocal text, cur
         text, cur = text[:cur] + ch + text[cur:], cur + 1
         req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=4, heal=False)
-        run_mod.fit_budget = lambda e, r, p: used.append(fit(e, r, p)) or used[-1]
+        engine.runner.fit_budget = lambda r, p: used.append(fit(r, p)) or used[-1]
         try:
             return engine.complete(req)
         finally:
-            run_mod.fit_budget = fit
+            del engine.runner.fit_budget  # (the method again)
 
     for ch in "value = compute(alpha, beta) + offset * scale_factor":  # more than half the budget buys
         out = key(ch)
