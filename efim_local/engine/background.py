@@ -151,7 +151,7 @@ class Growth:
 
     def stages(self, planner, session, full, tokens, first: int = 0) -> list[tuple[int, ...]]:
         """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
-        context grown so far at the cost of the tokens typed since (``run.adopt_growth``): the full plan
+        context grown so far at the cost of the tokens typed since (``Runner.adopt_growth``): the full plan
         cut at each of ``run.stage_ends``, then the middle marker and the typed text. The last stage
         growth has passed comes first when it lacks more than ``policy.stale`` tokens of the text typed since
         (which a keystroke taking it would pay for), then those ahead; stages a slot holds are left out."""

@@ -24,7 +24,7 @@ from .decode import GenSpec, answer_rules
 from .instant import Instant, Shown, Through, cached_completion, keep_known
 from .policy import Policy
 from .reduction import reduced_by
-from .remote_steps import remote_steps
+from .remote_steps import RemoteSteps
 from .stream import StopRules
 
 log = logging.getLogger("efim.engine")
@@ -64,6 +64,7 @@ class Runner:
 
     def __init__(self, engine):
         self.engine = engine
+        self.replicas = RemoteSteps(engine)  # a prompt the engine's replicas run (remote_steps.py)
 
     def run_steps(self, tokens, how: Options, ro: RunOptions = RunOptions()):
         """Decode a token prompt in the best slot and generate (steps; returns a Completion)."""
@@ -79,7 +80,7 @@ class Runner:
                           max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers)
         if engine.remote is not None and not ro.cold:  # a remote backend runs it (engine/remote_steps.py)
             rules = answer_rules(engine.model, engine.template.markers, rules, prompt, ro.heal)
-            out = yield from remote_steps(engine, prompt, how, ro, rules)
+            out = yield from self.replicas.run_steps(prompt, how, ro, rules)
             if out is not None:
                 return out  # else every replica failed: the local model answers
         keep = None if ro.keep is None else np.asarray(ro.keep, dtype=np.int32)
