@@ -162,14 +162,13 @@ def status(as_json, **model_kw):
         cfg = build_config(**model_kw)
         from ..engine.reduction import help_text
         from ..engine.speed import load_speed, speed_path
-        from ..engine.status import measure_cores
         from ..kv.settings import store_config
 
         with open_engine(cfg.with_overrides(store=False)) as engine:
             if cfg.store and engine.remote is None:  # the speed a daemon or an earlier run learned here
                 engine.speed = load_speed(speed_path(store_config(cfg).dir, engine.model.path,
                                                      cfg.context), engine.policy) or engine.speed
-            measure_cores(engine)  # nothing has decoded yet: a window of its own
+            engine.status_report.measure_cores()  # nothing has decoded yet: a window of its own
             engine.fit_threads()  # the threads a first decode would take
             info = engine.status()
         info["context_help"] = help_text(info)

@@ -13,9 +13,7 @@ import time
 
 from .. import __version__
 from ..engine import CompletionRequest, Engine
-from ..engine.background import warm_steps
 from ..engine.reduction import help_text
-from ..engine.status import measure_cores
 from ..errors import InvalidParams, InvalidRequest
 from ..prompt.document import read_source
 from .dispatch import DEFERRED
@@ -150,7 +148,7 @@ class Handlers:
         return {"cancelled": self.worker.cancel(conn, rid)}
 
     def status(self, conn=None, msg=None) -> dict:
-        measure_cores(self.engine)  # here, not on the engine's thread: it may wait a quarter second
+        self.engine.status_report.measure_cores()  # here, not on the engine's thread: it may wait a quarter second
         info = self.worker.call(lambda e: e.status(), light=True)
         s = self.server
         info.update({"version": __version__, "socket": str(s.sock_path), "pid": os.getpid(),
@@ -230,7 +228,7 @@ class Handlers:
                     return
             if len(text) > IDLE_MAX_CHARS:
                 return
-            cursor = None if cursor is None else min(cursor, len(text))  # None: background.top_steps
-            return warm_steps(engine, path, text, cursor, should_stop)
+            cursor = None if cursor is None else min(cursor, len(text))  # None: Growth.top_steps
+            return engine.growth.warm_steps(path, text, cursor, should_stop)
 
         self.worker.add_idle(warm, key=("warm", path), path=path)

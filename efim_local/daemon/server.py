@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..engine import Engine, background, tokenizing
+from ..engine import Engine, tokenizing
 from ..errors import AlreadyRunning, Busy, ConfigError, DaemonError
 from . import paths, test_hooks
 from .dispatch import Dispatcher
@@ -159,7 +159,8 @@ class Server:
         self.worker = Worker(engine, self.queue_size)
         self.handlers = Handlers(self, engine, self.worker)
         self.dispatcher = Dispatcher(self.handlers.table())
-        self.worker.add_idle(background.calibrate_steps, key="calibrate")  # latency budget
+        calibrate = lambda engine, should_stop: engine.growth.calibrate_steps(should_stop)  # the latency budget's speed
+        self.worker.add_idle(calibrate, key="calibrate")
 
     def serve_forever(self) -> None:
         self.worker.start()

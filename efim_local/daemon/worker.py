@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engine import CompletionRequest, Engine
-from ..engine.background import grow_steps
-from ..engine.instant import ahead_steps
 from ..engine.run import greedy
 from ..engine.scheduler import Scheduler
 from ..engine.tasks import RequestTask
@@ -143,7 +141,7 @@ class Worker:
     def _ahead_later(self, path: str) -> None:
         """While the answer is shown, extend its greedy continuation (the next completion after an
         accept): first among the file's background work but a repository rebuild."""
-        self.add_idle(lambda engine, should_stop: ahead_steps(engine, path, should_stop), key=("ahead", path),
+        self.add_idle(lambda engine, should_stop: engine.trail.ahead_steps(path, should_stop), key=("ahead", path),
                       path=path, first=True)
 
     def _repo_check(self, path: str | None) -> None:
@@ -161,14 +159,12 @@ class Worker:
         (engine/repoctx.py): the old plan serves until the new one is prefilled. ``first`` (after a
         request): before the file's growth, which would grow a plan about to be replaced, and would
         starve the rebuild while the user types."""
-        from ..engine.repobuild import rebuild_steps
-
-        self.add_idle(lambda engine, should_stop: rebuild_steps(engine, path, should_stop), key=("repo", path),
-                      path=path, first=first)
+        self.add_idle(lambda engine, should_stop: engine.repo_build.rebuild_steps(path, should_stop),
+                      key=("repo", path), path=path, first=first)
 
     def _grow_later(self, path: str | None) -> None:
         """If the budget cut the context of ``path``'s plan, grow it back while idle. Answered or not:
         most requests are cancelled by the next keystroke, and their plan is the next one's."""
         if self.engine.reduced(path):
-            self.add_idle(lambda engine, should_stop: grow_steps(engine, path, should_stop), key=("grow", path),
+            self.add_idle(lambda engine, should_stop: engine.growth.grow_steps(path, should_stop), key=("grow", path),
                           path=path)

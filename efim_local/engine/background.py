@@ -23,145 +23,258 @@ from ..errors import Cancelled
 from ..request import CompletionRequest, Options
 from ..prompt.windows import text_end
 from .decode import SHOWN, drive
-from .run import PROBE, RunOptions, complete_steps, run_steps, stage_ends
+from .run import PROBE, RunOptions, stage_ends
 from .tokenizing import interruptible_planning
 
 log = logging.getLogger("efim.engine")
 
 
-# -- growth ---------------------------------------------------------------------------------------
-def reduced(engine, path: str | None) -> bool:
-    """Whether the budget reduced ``path``'s current plan (growth has work to do)."""
-    f = engine.files.get(path) if path else None
-    return f is not None and f.session is not None and f.session.anchor is not None and f.session.anchor.reduced
+class Growth:
+    """An engine's work for requests that have not come yet (the module's docstring): growth, its
+    near plans and stages, the cursor and open prefill, calibration, and the size of idle chunks.
+    Its engine builds it and owns it (``engine.growth``)."""
 
+    def __init__(self, engine):
+        self.engine = engine
 
-def grow_steps(engine, path: str, should_stop=None, light: bool = False):
-    """Put back the context a latency budget took from ``path``'s plan (steps).
+    # -- growth -----------------------------------------------------------------------------------
+    def reduced(self, path: str | None) -> bool:
+        """Whether the budget reduced ``path``'s current plan (growth has work to do)."""
+        engine = self.engine
+        f = engine.files.get(path) if path else None
+        return f is not None and f.session is not None and f.session.anchor is not None and f.session.anchor.reduced
 
-    Prefills the full plan's stable part, and the text typed since the anchor after it (EFIM), in
-    another slot than the request's, in chunks of ``idle_chunk`` tokens (Cancelled when
-    ``should_stop`` says stop; what was decoded stays in the slot, so the next run goes on from
-    there). When it is complete, the file's anchor becomes the full one, so the next keystroke
-    finds it cached. ``light``: between a request's tokens (no state saved or restored)."""
-    if not reduced(engine, path):
-        return
-    engine.size_near()  # before the planner is copied (repository context) and the plans are made
-    state = engine.files.get(path)
-    session = state.session
-    partial = session.anchor
-    planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
-    full = planner.full_anchor(partial, engine.config.max_tokens)
-    chunk = (lambda n_ctx: riding_chunk(engine, n_ctx)) if light else engine.idle_chunk
-    ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light)
-    near = near_plan(engine, planner, path, full, partial)
-    if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
-        nearest = nearest_plan(engine, planner, full, partial, near)
-        if nearest is not None:  # and before it the nearest window's: under a second (too small for stages,
-            # each of which would take a slot of its own)
-            yield from staged_steps(engine, planner, session, nearest, ro, 0, leave=True)
-        grown = yield from staged_steps(engine, planner, session, near, ro, len(partial.suffix_tokens), leave=True)
-        # Then the window grows at least as long before another near plan starts (a cursor that
-        # jumps every few seconds would otherwise spend all growth on near plans, never the window).
-        state.near_until = engine.policy.clock() + engine.speed.predict_ms(len(grown), 0) / 1000
-    tokens = yield from staged_steps(engine, planner, session, full, ro, len(partial.suffix_tokens))
-    if partial.same_place(session.anchor):  # nothing re-anchored the file meanwhile (a keystroke may have
-        # taken part of the growth: the same anchor, trimmed less)
-        log.debug("%s: grown to the full plan (%d tokens)", path, len(tokens))
-        engine.files.set_anchor(path, full)
-        engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
+    def grow_steps(self, path: str, should_stop=None, light: bool = False):
+        """Put back the context a latency budget took from ``path``'s plan (steps).
 
+        Prefills the full plan's stable part, and the text typed since the anchor after it (EFIM), in
+        another slot than the request's, in chunks of ``idle_chunk`` tokens (Cancelled when
+        ``should_stop`` says stop; what was decoded stays in the slot, so the next run goes on from
+        there). When it is complete, the file's anchor becomes the full one, so the next keystroke
+        finds it cached. ``light``: between a request's tokens (no state saved or restored)."""
+        engine = self.engine
+        if not self.reduced(path):
+            return
+        engine.size_near()  # before the planner is copied (repository context) and the plans are made
+        state = engine.files.get(path)
+        session = state.session
+        partial = session.anchor
+        planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
+        full = planner.full_anchor(partial, engine.config.max_tokens)
+        chunk = self.riding_chunk if light else self.idle_chunk
+        ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light)
+        near = self.near_plan(planner, path, full, partial)
+        if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
+            nearest = self.nearest_plan(planner, full, partial, near)
+            if nearest is not None:  # and before it the nearest window's: under a second (too small for stages,
+                # each of which would take a slot of its own)
+                yield from self.staged_steps(planner, session, nearest, ro, 0, leave=True)
+            grown = yield from self.staged_steps(planner, session, near, ro, len(partial.suffix_tokens), leave=True)
+            # Then the window grows at least as long before another near plan starts (a cursor that
+            # jumps every few seconds would otherwise spend all growth on near plans, never the window).
+            state.near_until = engine.policy.clock() + engine.speed.predict_ms(len(grown), 0) / 1000
+        tokens = yield from self.staged_steps(planner, session, full, ro, len(partial.suffix_tokens))
+        if partial.same_place(session.anchor):  # nothing re-anchored the file meanwhile (a keystroke may have
+            # taken part of the growth: the same anchor, trimmed less)
+            log.debug("%s: grown to the full plan (%d tokens)", path, len(tokens))
+            engine.files.set_anchor(path, full)
+            engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
 
-def staged_steps(engine, planner, session, anchor, ro: RunOptions, first: int, leave: bool = False):
-    """Prefill ``anchor``'s plan (its stable part and the typed text after it) by way of its stages
-    (steps; returns its tokens). Each stage's slot is left to the keystrokes (they take it, and growth
-    goes on in a copy), the plan's too when ``leave``. A stage growth has passed is computed again
-    (with the text typed since) in a copy of the slot that holds the plan further: never at the cost
-    of that progress."""
-    tokens = planner.stable_tokens(session.layout, anchor, session.typed)
-    refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, anchor))])
-    for stage in stages(engine, planner, session, anchor, tokens, first):
-        out = yield from run_steps(engine, stage, Options(max_tokens=0), refresh)
-        engine.slots.slots[out.slot].idle = False
-    out = yield from run_steps(engine, tokens, Options(max_tokens=0), ro)
-    if leave:
-        engine.slots.slots[out.slot].idle = False
-    return tokens
+    def staged_steps(self, planner, session, anchor, ro: RunOptions, first: int, leave: bool = False):
+        """Prefill ``anchor``'s plan (its stable part and the typed text after it) by way of its stages
+        (steps; returns its tokens). Each stage's slot is left to the keystrokes (they take it, and growth
+        goes on in a copy), the plan's too when ``leave``. A stage growth has passed is computed again
+        (with the text typed since) in a copy of the slot that holds the plan further: never at the cost
+        of that progress."""
+        engine = self.engine
+        tokens = planner.stable_tokens(session.layout, anchor, session.typed)
+        refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, anchor))])
+        for stage in self.stages(planner, session, anchor, tokens, first):
+            out = yield from engine.runner.run_steps(stage, Options(max_tokens=0), refresh)
+            engine.slots.slots[out.slot].idle = False
+        out = yield from engine.runner.run_steps(tokens, Options(max_tokens=0), ro)
+        if leave:
+            engine.slots.slots[out.slot].idle = False
+        return tokens
 
+    def held(self, tokens) -> int:
+        """How many of ``tokens`` a live slot holds, a busy one too: a request running there keeps its
+        prompt's KV, so growth riding along it must not compute that plan again in another slot."""
+        engine = self.engine
+        return engine.reuse.peek(np.asarray(tokens, dtype=np.int32), busy_ok=True)
 
-def held(engine, tokens) -> int:
-    """How many of ``tokens`` a live slot holds, a busy one too: a request running there keeps its
-    prompt's KV, so growth riding along it must not compute that plan again in another slot."""
-    return engine.reuse.peek(np.asarray(tokens, dtype=np.int32), busy_ok=True)
+    def near_plan(self, planner, path: str, full, partial):
+        """The near plan growth computes before ``full`` (planner.near_anchor), or None: when the file's
+        window has no near window, the reduced plan ``partial`` already holds the lines it would add, the
+        slots already hold it, it would take longer than ``policy.near_max_ms`` at the learned speed, or
+        what the window's cached head lacks of its prefix is less than twice the near window (growing the
+        window costs little more), or the file's last near plan was done less than its own time ago (the
+        window grows meanwhile), or the cached head holds ``policy.head_over_near`` near windows' worth.
+        The near window's size is the engine's (``grow_steps`` sizes it first)."""
+        engine = self.engine
+        policy = engine.policy
+        f = engine.files.get(path)
+        session = f.session
+        near = planner.near_anchor(full, engine.config.max_tokens)
+        if (near is None or session.layout != "efim" or engine.remote is not None
+                or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)
+                or (partial.base == 0 and partial.head >= policy.head_over_near * len(near.prefix_tokens))):
+            return None
+        peek = self.held
+        stable = planner.stable_tokens("efim", near)
+        have = peek(stable)
+        if (have >= len(stable) or not engine.speed.known
+                or engine.speed.predict_ms(len(stable) - have, have) > policy.near_max_ms):
+            return None
+        begun = have > len(planner.head_tokens(())) + policy.begun
+        if not begun and policy.clock() < f.near_until:
+            return None  # a new one waits for the window's turn (one begun goes on)
+        top = planner.head_tokens(full.prefix_tokens)
+        lacks = len(top) - peek(top)
+        return near if lacks > 2 * len(near.prefix_tokens) else None
 
+    def nearest_plan(self, planner, full, partial, near):
+        """The nearest window's plan growth computes before the near plan ``near``, or None: when the
+        window has no nearest window, the near plan has begun (a slot holds some of it past its head),
+        the reduced plan ``partial`` starts there already or holds the lines it would add, or the slots
+        hold it already."""
+        engine = self.engine
+        nearest = planner.near_anchor(full, engine.config.max_tokens, nearest=True)
+        if nearest is None or partial.base == nearest.base or len(partial.prefix_tokens) - partial.head >= len(
+                nearest.prefix_tokens):
+            return None
+        peek = self.held
+        if peek(planner.stable_tokens("efim", near)) > len(planner.head_tokens(())) + engine.policy.begun:
+            return None
+        stable = planner.stable_tokens("efim", nearest)
+        return nearest if peek(stable) < len(stable) else None
 
-def near_plan(engine, planner, path: str, full, partial):
-    """The near plan growth computes before ``full`` (planner.near_anchor), or None: when the file's
-    window has no near window, the reduced plan ``partial`` already holds the lines it would add, the
-    slots already hold it, it would take longer than ``policy.near_max_ms`` at the learned speed, or
-    what the window's cached head lacks of its prefix is less than twice the near window (growing the
-    window costs little more), or the file's last near plan was done less than its own time ago (the
-    window grows meanwhile), or the cached head holds ``policy.head_over_near`` near windows' worth.
-    The near window's size is the engine's (``grow_steps`` sizes it first)."""
-    policy = engine.policy
-    f = engine.files.get(path)
-    session = f.session
-    near = planner.near_anchor(full, engine.config.max_tokens)
-    if (near is None or session.layout != "efim" or engine.remote is not None
-            or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)
-            or (partial.base == 0 and partial.head >= policy.head_over_near * len(near.prefix_tokens))):
-        return None
-    peek = lambda toks: held(engine, toks)
-    stable = planner.stable_tokens("efim", near)
-    have = peek(stable)
-    if (have >= len(stable) or not engine.speed.known
-            or engine.speed.predict_ms(len(stable) - have, have) > policy.near_max_ms):
-        return None
-    begun = have > len(planner.head_tokens(())) + policy.begun
-    if not begun and policy.clock() < f.near_until:
-        return None  # a new one waits for the window's turn (one begun goes on)
-    top = planner.head_tokens(full.prefix_tokens)
-    lacks = len(top) - peek(top)
-    return near if lacks > 2 * len(near.prefix_tokens) else None
+    def stages(self, planner, session, full, tokens, first: int = 0) -> list[tuple[int, ...]]:
+        """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
+        context grown so far at the cost of the tokens typed since (``Runner.adopt_growth``): the full plan
+        cut at each of ``run.stage_ends``, then the middle marker and the typed text. The last stage
+        growth has passed comes first when it lacks more than ``policy.stale`` tokens of the text typed since
+        (which a keystroke taking it would pay for), then those ahead; stages a slot holds are left out."""
+        engine = self.engine
+        if session.layout != "efim" or engine.remote is not None:  # (replicas: the whole plan at once)
+            return []
+        typed = tokens[len(planner.stable_tokens("efim", full)):]
+        # (A slot a request runs in counts: computing its plan again elsewhere would cut the stage ahead
+        # there, and the next idle step would redo it.)
+        peek = self.held
+        frontier = peek(tokens)
+        ends = stage_ends(planner, full, engine.policy, first)
+        passed = [e for e in ends if e <= frontier]
+        out = []
+        for end in passed[-1:] + [e for e in ends if e > frontier]:
+            stage = (*tokens[:end], *planner.markers.mid, *typed)
+            if peek(stage) < len(stage) - (engine.policy.stale if end <= frontier else 0):
+                out.append(stage)
+        return out
 
+    # -- prefill and calibration ---------------------------------------------------------------
+    def prefill_steps(self, path: str, text: str, cursor: int, should_stop=None):
+        """Compute the plan anchored at ``cursor`` as a request there would plan it (within the latency
+        budget: the next keystroke finds its own anchor cached), then grow it to the full plan (steps;
+        Cancelled when ``should_stop`` says so, keeping what was computed)."""
+        engine = self.engine
+        req = CompletionRequest(text, cursor, path=path, max_tokens=0)
+        ro = RunOptions(should_stop=should_stop, chunk=self.idle_chunk, idle=True)
+        yield from engine.runner.complete_steps(req, ro)
+        yield from self.grow_steps(path, should_stop)
 
-def nearest_plan(engine, planner, full, partial, near):
-    """The nearest window's plan growth computes before the near plan ``near``, or None: when the
-    window has no nearest window, the near plan has begun (a slot holds some of it past its head),
-    the reduced plan ``partial`` starts there already or holds the lines it would add, or the slots
-    hold it already."""
-    nearest = planner.near_anchor(full, engine.config.max_tokens, nearest=True)
-    if nearest is None or partial.base == nearest.base or len(partial.prefix_tokens) - partial.head >= len(
-            nearest.prefix_tokens):
-        return None
-    peek = lambda toks: held(engine, toks)
-    if peek(planner.stable_tokens("efim", near)) > len(planner.head_tokens(())) + engine.policy.begun:
-        return None
-    stable = planner.stable_tokens("efim", nearest)
-    return nearest if peek(stable) < len(stable) else None
+    def warm_steps(self, path: str, text: str, cursor: int | None, should_stop):
+        """:meth:`prefill_steps`, tokenizing interruptibly (a request never waits for the tokenizer).
+        No cursor (a file just opened): :meth:`top_steps`."""
+        engine = self.engine
+        with interruptible_planning(engine.planner, should_stop):
+            if cursor is None:
+                yield from self.top_steps(path, text, should_stop)
+            else:
+                yield from self.prefill_steps(path, text, cursor, should_stop)
 
+    def top_steps(self, path: str, text: str, should_stop=None, lead: tuple[int, ...] | None = None):
+        """A file opened before any cursor is known: compute the head that every plan on the file's first
+        window starts with: the markers, then the file from its top, as far as a prefix reaches there
+        (three quarters of a slot's room; a smaller file: all of it). The first request anywhere in that
+        window then finds its prefix up to the cursor's line cached, less the lines typed since. (A plan
+        at the file's end, as before, spent its first budget on the file's last lines, and a file bigger
+        than a slot had its last window computed: of no use to a cursor near the top.) ``lead``: the
+        repository context the file's plans will start with (repoctx.py), else the session's."""
+        engine = self.engine
+        planner = engine.planner_with(lead) if lead is not None else engine.planner_for(engine.session(path))
+        space = planner.space(engine.config.max_tokens)
+        prefix = planner.tokenize(text[:text_end(text, 0, planner.text_span(engine.config.max_tokens))])
+        prefix = prefix[:space * 3 // 4]
+        if prefix:
+            ro = RunOptions(path=path, should_stop=should_stop, chunk=self.idle_chunk, idle=True)
+            yield from engine.runner.run_steps(planner.head_tokens(tuple(prefix)), Options(max_tokens=0), ro)
 
-def stages(engine, planner, session, full, tokens, first: int = 0) -> list[tuple[int, ...]]:
-    """The plans growth computes on its way to ``tokens`` (EFIM), so that a keystroke can take the
-    context grown so far at the cost of the tokens typed since (``run.adopt_growth``): the full plan
-    cut at each of ``run.stage_ends``, then the middle marker and the typed text. The last stage
-    growth has passed comes first when it lacks more than ``policy.stale`` tokens of the text typed since
-    (which a keystroke taking it would pay for), then those ahead; stages a slot holds are left out."""
-    if session.layout != "efim" or engine.remote is not None:  # (replicas: the whole plan at once)
-        return []
-    typed = tokens[len(planner.stable_tokens("efim", full)):]
-    # (A slot a request runs in counts: computing its plan again elsewhere would cut the stage ahead
-    # there, and the next idle step would redo it.)
-    peek = lambda toks: held(engine, toks)
-    frontier = peek(tokens)
-    ends = stage_ends(planner, full, engine.policy, first)
-    passed = [e for e in ends if e <= frontier]
-    out = []
-    for end in passed[-1:] + [e for e in ends if e > frontier]:
-        stage = (*tokens[:end], *planner.markers.mid, *typed)
-        if peek(stage) < len(stage) - (engine.policy.stale if end <= frontier else 0):
-            out.append(stage)
-    return out
+    def calibrate_steps(self, should_stop=None, n: int = 64):
+        """Measure prefill speed (for the latency budget) over ``4 * n`` tokens in chunks of ``n``, at
+        growing context sizes (one pass: every prefill after it refines the speed), and build the token
+        healer's index (steps).
+
+        Uses an empty slot (none: the requests so far have measured it) and leaves it empty; it is not a
+        request, so nothing is counted or saved. A remote-only engine has neither (no decoder: the
+        budget's speed is the replicas', which ``remote_steps`` learns)."""
+        engine = self.engine
+        if engine.decoder is None:
+            return
+        if engine.default_heal:
+            engine.decoder.healer  # noqa: B018 - built now, not on the first keystroke (it reads the vocabulary)
+        slot = next((s for s in engine.slots.free() if not len(s.tokens)), None)
+        if engine.speed.known or slot is None:
+            return
+        tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), 4 * n)
+        try:  # chunks of a growing context: the decoder observes each (a per-token and a context cost)
+            yield from engine.decoder.prefill_steps(slot, tokens, 0, should_stop, n)
+        finally:
+            engine.reuse.clear(slot)
+
+    def idle_chunk(self, n_ctx: int) -> int:
+        """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about
+        ``idle_chunk_ms`` on this machine now, within [8, idle_chunk_tokens]; more where a bigger batch
+        is safe, since it prefills more tokens a second (0.5B shape at 1,000 tokens of context: 122
+        tokens/s in batches of 8, 149 in 16, 180 in 32, 192 in 64, llama_decode alone):
+        - right after a keystroke, what ends before the next request can come (the editor's debounce,
+          ``engine.pace``; ``policy.window_share`` of it): while someone types, keys come every ~200 ms;
+        - in a quiet spell, half the quiet so far (``policy.quiet_share``): a request that comes stops it
+          anyway (``Engine.interrupt``).
+        Sets ``engine.patience_s``: the time of a chunk of the usual size."""
+        engine = self.engine
+        cap = engine.config.idle_chunk_tokens
+        if not engine.speed.known:
+            return cap
+        base_ms = engine.config.idle_chunk_ms
+        base = max(8, min(cap, engine.speed.max_new(base_ms, n_ctx)))
+        engine.patience_s = engine.speed.predict_ms(base, n_ctx) / 1e3
+        policy = engine.policy
+        now = policy.clock()
+        window_ms = engine.pace.window_s(now) * 1e3
+        if window_ms > 0:  # no request before the editor's debounce ends: a batch that ends by then
+            # (never smaller than the usual chunk: on a slow model tiny batches waste more than a stopped one)
+            return self.at_least(base, window_ms * policy.window_share, n_ctx)
+        return self.at_least(base, (now - engine.active_at) * 1e3 * policy.quiet_share, n_ctx)
+
+    def riding_s(self) -> float:
+        """How long growth riding along a request may run at once: ``idle_chunk_ms``, or most of the
+        editor's debounce once it is known (``engine.pace``): the answer it rides along is cancelled by
+        the next keystroke, and the request that keystroke sends comes only after the debounce (in the
+        daemon a request or a call that comes sooner stops the batch: ``Scheduler._step``)."""
+        engine = self.engine
+        return max(engine.config.idle_chunk_ms / 1e3, engine.pace.debounce_s * engine.policy.window_share)
+
+    def riding_chunk(self, n_ctx: int) -> int:
+        """Tokens per chunk of growth riding along a request: what prefills in :meth:`riding_s`."""
+        return self.at_least(self.idle_chunk(n_ctx), self.riding_s() * 1e3, n_ctx)
+
+    def at_least(self, base: int, ms: float, n_ctx: int) -> int:
+        """``base`` tokens, or more: what prefills in ``ms`` after ``n_ctx`` (at most ``idle_chunk_tokens``)."""
+        engine = self.engine
+        if not engine.speed.known:
+            return base
+        return max(base, min(engine.config.idle_chunk_tokens, engine.speed.max_new(ms, n_ctx)))
 
 
 class Alongside:
@@ -175,6 +288,7 @@ class Alongside:
 
     def __init__(self, engine, path: str | None, t0: float, should_stop=None, yield_to=None):
         self.engine, self.path, self.should_stop, self.yield_to = engine, path, should_stop, yield_to
+        self.growth = engine.growth
         self.clock = engine.policy.clock  # (``t0`` is of this clock)
         cfg = engine.config
         self.share, self.window = cfg.grow_share, t0 + cfg.grow_window_ms / 1e3
@@ -185,15 +299,15 @@ class Alongside:
         """One growth chunk, if it is due (the engine thread, between two of the request's steps)."""
         t = self.clock()
         if (not self.on or t < self.next_at or t >= self.window or not self.engine.slots.free()
-                or not reduced(self.engine, self.path)):
+                or not self.growth.reduced(self.path)):
             return  # (no slot without a request in it: nowhere to grow)
         if self.yield_to is not None and self.yield_to():
             return
-        deadline = t + riding_s(self.engine)
+        deadline = t + self.growth.riding_s()
         stop = lambda: (self.clock() >= deadline or (self.should_stop is not None and self.should_stop())
                         or (self.yield_to is not None and self.yield_to()))
         try:
-            drive(grow_steps(self.engine, self.path, stop, light=True))
+            drive(self.growth.grow_steps(self.path, stop, light=True))
         except Cancelled:
             pass
         except Exception:  # noqa: BLE001 - optional work never fails the request
@@ -213,110 +327,6 @@ def drive_riding(steps, ride: Alongside):
             return done.value
         if kind == SHOWN:
             ride.step()
-
-
-# -- prefill and calibration -------------------------------------------------------------------
-def prefill_steps(engine, path: str, text: str, cursor: int, should_stop=None):
-    """Compute the plan anchored at ``cursor`` as a request there would plan it (within the latency
-    budget: the next keystroke finds its own anchor cached), then grow it to the full plan (steps;
-    Cancelled when ``should_stop`` says so, keeping what was computed)."""
-    req = CompletionRequest(text, cursor, path=path, max_tokens=0)
-    yield from complete_steps(engine, req, RunOptions(should_stop=should_stop, chunk=engine.idle_chunk, idle=True))
-    yield from grow_steps(engine, path, should_stop)
-
-
-def warm_steps(engine, path: str, text: str, cursor: int | None, should_stop):
-    """:func:`prefill_steps`, tokenizing interruptibly (a request never waits for the tokenizer).
-    No cursor (a file just opened): :func:`top_steps`."""
-    with interruptible_planning(engine.planner, should_stop):
-        if cursor is None:
-            yield from top_steps(engine, path, text, should_stop)
-        else:
-            yield from prefill_steps(engine, path, text, cursor, should_stop)
-
-
-def top_steps(engine, path: str, text: str, should_stop=None, lead: tuple[int, ...] | None = None):
-    """A file opened before any cursor is known: compute the head that every plan on the file's first
-    window starts with: the markers, then the file from its top, as far as a prefix reaches there
-    (three quarters of a slot's room; a smaller file: all of it). The first request anywhere in that
-    window then finds its prefix up to the cursor's line cached, less the lines typed since. (A plan
-    at the file's end, as before, spent its first budget on the file's last lines, and a file bigger
-    than a slot had its last window computed: of no use to a cursor near the top.) ``lead``: the
-    repository context the file's plans will start with (repoctx.py), else the session's."""
-    planner = engine.planner_with(lead) if lead is not None else engine.planner_for(engine.session(path))
-    space = planner.space(engine.config.max_tokens)
-    prefix = planner.tokenize(text[:text_end(text, 0, planner.text_span(engine.config.max_tokens))])
-    prefix = prefix[:space * 3 // 4]
-    if prefix:
-        ro = RunOptions(path=path, should_stop=should_stop, chunk=engine.idle_chunk, idle=True)
-        yield from run_steps(engine, planner.head_tokens(tuple(prefix)), Options(max_tokens=0), ro)
-
-
-def calibrate_steps(engine, should_stop=None, n: int = 64):
-    """Measure prefill speed (for the latency budget) over ``4 * n`` tokens in chunks of ``n``, at
-    growing context sizes (one pass: every prefill after it refines the speed), and build the token
-    healer's index (steps).
-
-    Uses an empty slot (none: the requests so far have measured it) and leaves it empty; it is not a
-    request, so nothing is counted or saved. A remote-only engine has neither (no decoder: the
-    budget's speed is the replicas', which ``remote_steps`` learns)."""
-    if engine.decoder is None:
-        return
-    if engine.default_heal:
-        engine.decoder.healer  # noqa: B018 - built now, not on the first keystroke (it reads the vocabulary)
-    slot = next((s for s in engine.slots.free() if not len(s.tokens)), None)
-    if engine.speed.known or slot is None:
-        return
-    tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), 4 * n)
-    try:  # chunks of a growing context: the decoder observes each (a per-token and a context cost)
-        yield from engine.decoder.prefill_steps(slot, tokens, 0, should_stop, n)
-    finally:
-        engine.reuse.clear(slot)
-
-
-def idle_chunk(engine, n_ctx: int) -> int:
-    """Tokens per idle prefill chunk at ``n_ctx`` tokens of context: what prefills in about
-    ``idle_chunk_ms`` on this machine now, within [8, idle_chunk_tokens]; more where a bigger batch
-    is safe, since it prefills more tokens a second (0.5B shape at 1,000 tokens of context: 122
-    tokens/s in batches of 8, 149 in 16, 180 in 32, 192 in 64, llama_decode alone):
-    - right after a keystroke, what ends before the next request can come (the editor's debounce,
-      ``engine.pace``; ``policy.window_share`` of it): while someone types, keys come every ~200 ms;
-    - in a quiet spell, half the quiet so far (``policy.quiet_share``): a request that comes stops it
-      anyway (``Engine.interrupt``).
-    Sets ``engine.patience_s``: the time of a chunk of the usual size."""
-    cap = engine.config.idle_chunk_tokens
-    if not engine.speed.known:
-        return cap
-    base_ms = engine.config.idle_chunk_ms
-    base = max(8, min(cap, engine.speed.max_new(base_ms, n_ctx)))
-    engine.patience_s = engine.speed.predict_ms(base, n_ctx) / 1e3
-    policy = engine.policy
-    now = policy.clock()
-    window_ms = engine.pace.window_s(now) * 1e3
-    if window_ms > 0:  # no request before the editor's debounce ends: a batch that ends by then
-        # (never smaller than the usual chunk: on a slow model tiny batches waste more than a stopped one)
-        return at_least(engine, base, window_ms * policy.window_share, n_ctx)
-    return at_least(engine, base, (now - engine.active_at) * 1e3 * policy.quiet_share, n_ctx)
-
-
-def riding_s(engine) -> float:
-    """How long growth riding along a request may run at once: ``idle_chunk_ms``, or most of the
-    editor's debounce once it is known (``engine.pace``): the answer it rides along is cancelled by
-    the next keystroke, and the request that keystroke sends comes only after the debounce (in the
-    daemon a request or a call that comes sooner stops the batch: ``Scheduler._step``)."""
-    return max(engine.config.idle_chunk_ms / 1e3, engine.pace.debounce_s * engine.policy.window_share)
-
-
-def riding_chunk(engine, n_ctx: int) -> int:
-    """Tokens per chunk of growth riding along a request: what prefills in :func:`riding_s`."""
-    return at_least(engine, idle_chunk(engine, n_ctx), riding_s(engine) * 1e3, n_ctx)
-
-
-def at_least(engine, base: int, ms: float, n_ctx: int) -> int:
-    """``base`` tokens, or more: what prefills in ``ms`` after ``n_ctx`` (at most ``idle_chunk_tokens``)."""
-    if not engine.speed.known:
-        return base
-    return max(base, min(engine.config.idle_chunk_tokens, engine.speed.max_new(ms, n_ctx)))
 
 
 TaskFn = Callable  # (engine, should_stop) -> a generator of steps, or None when done at once

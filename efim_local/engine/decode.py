@@ -39,25 +39,30 @@ class Decoder:
     """Drives ``llama_decode`` for one slot at a time (the engine thread only)."""
 
     def __init__(self, model: Model, ctx: Context, batch: Batch, slots: SlotManager, stop_tokens: frozenset[int],
-                 observe=None, policy: Policy | None = None):
+                 observe=None, policy: Policy | None = None, *, predict_ms=None, fit=None, drafting: bool = True,
+                 markers=None, free_cores=None):
         """``observe(n_new, n_ctx, ms)`` learns from every prefill batch (the latency budget's speed);
-        ``policy``: the drafts' knobs and the clock that times batches (the speed, interrupts)."""
+        ``policy``: the drafts' knobs and the clock that times batches (the speed, interrupts);
+        ``predict_ms(n_new, n_ctx)``: the learned speed, ms or None (when a batch will end); ``fit()``:
+        called before every decode (automatic threads follow the load: engine/cpu.py); ``drafting``:
+        whether greedy generations verify drafts (drafts.py), which the FIM ``markers`` locate the
+        suffix for and ``free_cores()`` caps."""
         self.policy = Policy() if policy is None else policy
         self.clock = self.policy.clock
         self.model, self.ctx, self.batch, self.slots = model, ctx, batch, slots
         self.stop_tokens = stop_tokens
         self.observe = observe
-        self.fit = None  # called before every decode: automatic threads follow the load (engine/cpu.py)
+        self.fit = fit  # called before every decode: automatic threads follow the load (engine/cpu.py)
         self.interruptible = False  # background work's prompt batches: a request stops them mid-batch
-        self.predict_ms = None  # (n_new, n_ctx) -> ms or None: the learned speed (when a batch will end)
+        self.predict_ms = predict_ms  # (n_new, n_ctx) -> ms or None: the learned speed (when a batch will end)
         self.batch_span: tuple[float, float] | None = None  # (start, expected end) of the interruptible batch
         self.stop_next = False  # a request came late in a batch: the next interruptible batch stops at once
         self._healer: Healer | None = None
         # Drafts (drafts.py): greedy generations verify drafted tokens in batches; the FIM markers
         # locate the suffix (its rejoin text ends an answer, drafted or not); free_cores() caps drafts.
-        self.drafting = True
-        self.markers = None
-        self.free_cores = None  # () -> (free, all)
+        self.drafting = drafting
+        self.markers = markers
+        self.free_cores = free_cores  # () -> (free, all)
         self.draft_stats = drafts.DraftStats(self.policy)
 
     @property

@@ -13,6 +13,7 @@ import logging
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from ..config import Config
 from ..kv import StateStore, StoreConfig
@@ -27,15 +28,18 @@ from .completion import Completion
 from .cpu import FreeCores
 from .decode import Decoder, drive
 from .files import Files
-from .instant import Instant, ahead_steps, model_key
-from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind
+from .instant import Instant, Trail, model_key
+from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind, remote_heal
 from .pace import Pace
 from .policy import Policy
 from .reuse import Reuse
-from .run import RunOptions, complete_steps, run_steps
+from .run import RunOptions, Runner
 from .slots import SlotManager
 from .speed import PrefillSpeed, load_speed, save_speed, speed_path
-from .status import engine_status
+from .status import StatusReport
+
+if TYPE_CHECKING:
+    from ..backend import Pool
 
 
 log = logging.getLogger("efim.engine")
@@ -61,18 +65,22 @@ class Engine:
 
     Use it as a context manager; ``close()`` saves dirty slots, then frees everything in
     reverse order of creation. ``policy``: its timing and scheduling tunables and its clock
-    (``policy.py``; None: the defaults)."""
+    (``policy.py``; None: the defaults). ``pool(model)``: the replicas that run its requests first,
+    the local model behind them (``remote.open_remote``)."""
 
     remote = None  # a backend.Pool: replicas run its requests first (engine/remote.py)
     repo = None  # repoctx.RepoLeads: repository context before the files' prefixes (config repo_context)
+    repo_build = None  # repobuild.RepoBuild: its idle steps (config repo_context)
 
     def __init__(self, config: Config, model_path: str | Path, store: StoreConfig | None = None,
-                 policy: Policy | None = None):
+                 policy: Policy | None = None, pool: Callable[[Model], Pool] | None = None):
         self.config = config
         self.policy = policy = Policy() if policy is None else policy
         with ExitStack() as stack:
             self.model = stack.enter_context(
                 Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu))
+            if pool is not None:
+                self.remote = pool(self.model)
             stack.callback(tokenizing.drain)  # a tokenize call idle work left running reads the model
             self.template, self.planner = make_planner(self.model, config)
             self.sparse = None
@@ -104,43 +112,56 @@ class Engine:
                     stack.enter_context(self.store)
                 if self.store is not None and self.sparse is not None:
                     self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
-            self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens,
-                                   observe=lambda n, c, ms: self.speed.observe(n, c, ms), policy=policy)
-            self.decoder.predict_ms = lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None
-            self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
-            self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
-            self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
-            self.pace = Pace(policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
-            self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
-            self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
-                               self.n_stream, self.swa)
-            self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
-            text_markers = self.template.source == "text"
-            self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
-            self.default_heal, self.heal_reason = choose_heal(self.model.meta, text_markers, config.heal)
-            self._learn_speed(store, model_path)
-            if config.repo_context:
-                from .repoctx import RepoLeads
-
-                self.repo = RepoLeads(self, Path(store.dir) / "repo" if store is not None else None)
-                stack.callback(self.repo.close)
             cp = config.context
             # Automatic threads; not with flash attention, whose single-token split over the KV follows
             # the thread count (the answer must not depend on the machine's load).
             auto = not (cp.n_threads and cp.n_threads_batch) and not cp.flash_attn
             self.cores = FreeCores(policy=policy) if auto else None
-            self.decoder.fit = self.fit_threads  # per decode: one long answer adapts too
-            self.decoder.drafting, self.decoder.markers = config.drafts, self.template.markers
-            self.decoder.free_cores = lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1)
+            # With replicas the budget's speed is theirs (remote_steps learns it); local prefills (a
+            # fallback) learn their own, which the budget does not ask.
+            observe = ((lambda n, c, ms: self.speed.observe(n, c, ms)) if self.remote is None
+                       else PrefillSpeed(policy=policy).observe)
+            self.decoder = Decoder(
+                self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens, observe=observe, policy=policy,
+                predict_ms=lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None,
+                fit=self.fit_threads,  # per decode: one long answer adapts too
+                drafting=config.drafts, markers=self.template.markers,
+                free_cores=lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1))
+            self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
+            self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
+            self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
+            self.pace = Pace(policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
+            self.runner = Runner(self)  # requests as steps: the budget's plan, the slot, prefill, generation
+            self.growth = background.Growth(self)  # work for requests to come: growth, prefill, idle chunks
+            self.status_report = StatusReport(self)  # ``efim status`` and the daemon's status
+            self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
+            self.trail = Trail(self)  # the shown answer's continuation, extended while idle
+            self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
+                               self.n_stream, self.swa)
+            self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
+            text_markers = self.template.source == "text"
+            self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
+            self.default_heal, self.heal_reason = (
+                choose_heal(self.model.meta, text_markers, config.heal) if self.remote is None
+                else remote_heal(self.remote, self.model.meta, text_markers, config.heal))
+            self._learn_speed(store, model_path)
+            if config.repo_context:
+                from .repobuild import RepoBuild
+                from .repoctx import RepoLeads
+
+                self.repo = RepoLeads(self, Path(store.dir) / "repo" if store is not None else None)
+                stack.callback(self.repo.close)
+                self.repo_build = RepoBuild(self)
             if self.store is not None:  # last in, first out: saves run before the store closes
                 stack.callback(self._save_all)
             self._stack = stack.pop_all()
 
     def _learn_speed(self, store: StoreConfig | None, model_path) -> None:
         """The prefill speed, learned from every prefill; the latency budget asks it. Saved beside the
-        states, it serves the next start (and in-process runs) at once."""
+        states, it serves the next start (and in-process runs) at once. With replicas it is theirs:
+        neither loaded nor saved as this machine's speed."""
         self.speed_file = None
-        if self.store is not None:
+        if self.store is not None and self.remote is None:
             self.speed_file = speed_path(store.dir, model_path, self.config.context)
         self.speed = ((load_speed(self.speed_file, self.policy) if self.speed_file else None)
                       or PrefillSpeed(policy=self.policy))
@@ -239,14 +260,14 @@ class Engine:
         ``on_text`` receives streamed text; ``should_stop()`` cancels (Cancelled)."""
         self.active_at = self.policy.clock()
         ride = background.Alongside(self, req.path, self.active_at, should_stop)
-        return background.drive_riding(complete_steps(self, req, RunOptions(on_text=on_text, should_stop=should_stop)),
-                                       ride)
+        steps = self.runner.complete_steps(req, RunOptions(on_text=on_text, should_stop=should_stop))
+        return background.drive_riding(steps, ride)
 
     def run(self, tokens, how: Options, cold: bool = False, closers: str = "", path: str | None = None,
             heal: bytes = b"") -> Completion:
         """Decode a token prompt in the best slot and generate; ``cold`` ignores all cached KV; the
         first tokens spell out ``heal`` (text backed off the prompt)."""
-        return drive(run_steps(self, tokens, how, RunOptions(path=path, cold=cold, closers=closers, heal=heal)))
+        return drive(self.runner.run_steps(tokens, how, RunOptions(path=path, cold=cold, closers=closers, heal=heal)))
 
     def fit_threads(self) -> None:
         """Automatic threads: as many as the cores other processes leave free (engine/cpu.py)."""
@@ -267,7 +288,7 @@ class Engine:
     def interrupt(self) -> None:
         """A request or a call came (any thread): an interruptible batch stops now, not at its end.
         Unless little of it is left: less than half of it, and less than half of ``patience_s`` (a
-        chunk of the usual size; idle chunks grow in quiet spells, background.idle_chunk): finishing
+        chunk of the usual size; idle chunks grow in quiet spells, Growth.idle_chunk): finishing
         it wastes less than dropping it. And unless the latest answer had little context
         (``policy.starved``) and no more than ``patience_s`` is left: then every batch of growth is worth
         more than the wait (on the 1.5B shape, interrupting cut the mean context from 15% to 4% of
@@ -288,27 +309,24 @@ class Engine:
 
     # -- background work, run to its end (the daemon's scheduler runs it in steps) ---------------
     def grow(self, path: str, should_stop=None) -> None:
-        """Put back the context a latency budget took from ``path``'s plan (background.grow_steps)."""
-        drive(background.grow_steps(self, path, should_stop))
+        """Put back the context a latency budget took from ``path``'s plan (Growth.grow_steps)."""
+        drive(self.growth.grow_steps(path, should_stop))
 
     def prefill(self, path: str, text: str, cursor: int, should_stop=None) -> None:
-        """Compute the plan a request at ``cursor`` would make, then grow it (background.prefill_steps)."""
-        drive(background.prefill_steps(self, path, text, cursor, should_stop))
+        """Compute the plan a request at ``cursor`` would make, then grow it (Growth.prefill_steps)."""
+        drive(self.growth.prefill_steps(path, text, cursor, should_stop))
 
     def ahead(self, path: str, should_stop=None) -> None:
-        """Extend the greedy continuation of ``path``'s last answer (instant.ahead_steps)."""
-        drive(ahead_steps(self, path, should_stop) or iter(()))
+        """Extend the greedy continuation of ``path``'s last answer (Trail.ahead_steps)."""
+        drive(self.trail.ahead_steps(path, should_stop) or iter(()))
 
     def calibrate(self, should_stop=None) -> None:
-        """Measure the prefill speed and build the healer's index (background.calibrate_steps)."""
-        drive(background.calibrate_steps(self, should_stop))
+        """Measure the prefill speed and build the healer's index (Growth.calibrate_steps)."""
+        drive(self.growth.calibrate_steps(should_stop))
 
     def reduced(self, path: str | None) -> bool:
         """Whether the budget reduced ``path``'s current plan (growth has work to do)."""
-        return background.reduced(self, path)
-
-    def idle_chunk(self, n_ctx: int) -> int:
-        return background.idle_chunk(self, n_ctx)
+        return self.growth.reduced(path)
 
     # -- maintenance -------------------------------------------------------------------------
     def flush(self) -> None:
@@ -338,4 +356,4 @@ class Engine:
 
     def status(self) -> dict:
         """What is loaded and how it is used (``efim status`` and the daemon's status)."""
-        return engine_status(self)
+        return self.status_report.engine_status()

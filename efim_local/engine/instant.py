@@ -11,7 +11,7 @@ of the prompt's tokens alone, so:
   plan computed cold gives the same greedy tokens: the answer takes them without decoding, and the
   slot already holds their KV (0 prompt tokens evaluated). It stops by the request's own rules.
 - **Accept**: taking the whole answer (or a word, a line) is typing it at once. While the answer is
-  shown, background work (:func:`ahead_steps`) extends the trail from the KV's end, so the next
+  shown, background work (:meth:`Trail.ahead_steps`) extends the trail from the KV's end, so the next
   completion after an accept is known when the request comes. A word accepted leaves the KV as it
   is: what follows the word is the same sequence, exactly.
 - **Cache**: answers by content (the model's fingerprint, the plan's tokens, the text healed, the
@@ -188,42 +188,50 @@ def healed(model, s: Shown) -> bool:
     return not rest
 
 
-def ahead_steps(engine, path: str, should_stop=None):
-    """Extend ``path``'s trail from the KV's end while its answer is shown (background steps, one
-    token each): the next completion after an accept is then known. Up to the answer's length plus
-    the request's max_tokens, or the end of generation; nothing when the slot lost the KV."""
-    s = engine.instant.shown.get(path) if engine.instant is not None else None
-    if s is None or not healed(engine.model, s) or engine.remote is not None:  # remote: the trail is the server's
-        return
+class Trail:
+    """The greedy continuation of a file's answer while it is shown, extended in idle time; its
+    engine builds it and owns it (``engine.trail``)."""
 
-    target = min(s.n_answer + s.max_tokens, engine.config.context.n_ctx_seq - len(s.prompt) - 1)
-    if len(s.ids) >= target or (s.ids and engine.instant.ends(s.ids[-1])):
-        return
-    slot, _ = engine.slots.pick(np.concatenate([s.prompt, np.asarray(s.ids, dtype=np.int32)]))
-    if not keep_known(engine, slot, s.prompt, s.ids):
-        return
-    slot.touch(path, engine.reuse.used(path))  # (dated by the file's last use: SlotManager._loss)
-    with Sampler(SamplerParams()) as greedy:
-        while len(s.ids) < target:
-            if should_stop is not None and should_stop():
-                raise Cancelled()
-            row = engine.decoder.logits_after(slot, s.prompt, s.ids)
-            tok = greedy.sample(engine.ctx, row)
-            s.ids.append(tok)
-            if engine.instant.ends(tok):
-                return
-            yield "ahead"
+    def __init__(self, engine):
+        self.engine = engine
+
+    def ahead_steps(self, path: str, should_stop=None):
+        """Extend ``path``'s trail from the KV's end while its answer is shown (background steps, one
+        token each): the next completion after an accept is then known. Up to the answer's length plus
+        the request's max_tokens, or the end of generation; nothing when the slot lost the KV."""
+        engine = self.engine
+        s = engine.instant.shown.get(path) if engine.instant is not None else None
+        if s is None or not healed(engine.model, s) or engine.remote is not None:  # remote: the trail is the server's
+            return
+
+        target = min(s.n_answer + s.max_tokens, engine.config.context.n_ctx_seq - len(s.prompt) - 1)
+        if len(s.ids) >= target or (s.ids and engine.instant.ends(s.ids[-1])):
+            return
+        slot, _ = engine.slots.pick(np.concatenate([s.prompt, np.asarray(s.ids, dtype=np.int32)]))
+        if not keep_known(engine.ctx, slot, s.prompt, s.ids):
+            return
+        slot.touch(path, engine.reuse.used(path))  # (dated by the file's last use: SlotManager._loss)
+        with Sampler(SamplerParams()) as greedy:
+            while len(s.ids) < target:
+                if should_stop is not None and should_stop():
+                    raise Cancelled()
+                row = engine.decoder.logits_after(slot, s.prompt, s.ids)
+                tok = greedy.sample(engine.ctx, row)
+                s.ids.append(tok)
+                if engine.instant.ends(tok):
+                    return
+                yield "ahead"
 
 
-def keep_known(engine, slot, prompt: np.ndarray, known) -> bool:
+def keep_known(ctx, slot, prompt: np.ndarray, known) -> bool:
     """Whether ``slot`` holds all of ``prompt`` (then its KV is cut to what it holds of ``prompt`` +
-    ``known``: generation goes on from there, no prompt token evaluated)."""
+    ``known``: generation goes on from there, no prompt token evaluated; ``ctx``: the slot's context)."""
     want = np.concatenate([prompt, np.asarray(known, dtype=np.int32)]) if len(known) else prompt
     n = common_prefix(slot.tokens, want)
     if n < len(prompt) or slot.sparse:
         return False
     if n < len(slot.tokens):
-        if not engine.ctx.seq_rm(slot.seq, n, -1):
+        if not ctx.seq_rm(slot.seq, n, -1):
             return False
         slot.tokens = slot.tokens[:n]
     return True

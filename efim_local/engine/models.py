@@ -81,3 +81,11 @@ def choose_heal(meta, text_markers: bool = False, config_heal: bool | None = Non
     kind = model_kind(meta, text_markers)
     what = "a word's last token" if kind == KIND_FRAGMENT else "every typed token that could merge with what follows"
     return True, f"{kind}: healing re-chooses {what} (docs/models.md)"
+
+
+def remote_heal(pool, meta, text_markers: bool = False, config_heal: bool | None = None) -> tuple[bool, str]:
+    """Healing with replicas (``pool``, a backend.Pool): as in-process on llama-server (a grammar picks
+    the healed token), off on OpenAI-compatible servers (no grammar over llama.cpp's tokens there)."""
+    if not pool.heals:
+        return False, "OpenAI-compatible backend: healing needs llama-server's grammar"
+    return choose_heal(meta, text_markers, config_heal)

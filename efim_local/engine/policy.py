@@ -29,11 +29,11 @@ class Policy:
     hold_share: int = 4  # idle work waits for a due request when less is left than 1/hold_share of a usual chunk
     idle_grace: float = 0.05  # seconds after a reply before idle work starts: a request right behind it never waits
 
-    # -- idle chunks (background.idle_chunk) -----------------------------------------------------
+    # -- idle chunks (Growth.idle_chunk) ---------------------------------------------------------
     quiet_share: float = 0.5  # an idle chunk may last this share of the time since the last foreground work
     window_share: float = 0.9  # and this share of the time before the next request can come (the speed is an estimate)
 
-    # -- near plans (background.near_plan, Engine.size_near) -------------------------------------
+    # -- near plans (Growth.near_plan, Engine.size_near) -----------------------------------------
     # A near plan is grown first only if the learned speed computes it within this; the engine sizes the
     # near window to fit (Engine.size_near): on the 1.5B shape (35 tokens/s here) an eighth of the room
     # took 18 s, and the window's context came that much later (24% of the full plans on the efim trace
@@ -50,7 +50,7 @@ class Policy:
     head_over_near: int = 4
     begun: int = 16  # tokens of a near plan past its head that a slot must hold for it to count as begun
 
-    # -- growth's stages and a keystroke taking them (run.adopt_growth, run.stage_ends) -----------
+    # -- growth's stages and a keystroke taking them (Runner.adopt_growth, run.stage_ends) --------
     stale: int = 8  # typed tokens a passed stage may lack before growth brings it up to date
     adopt_share: float = 0.5  # of the budget a keystroke may spend to take growth's progress
     adopt_gain: int = 16  # it takes it when that adds at least 1/16 of the full plan's context (or completes it)

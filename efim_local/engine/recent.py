@@ -7,7 +7,7 @@ project, and the definitions their editor resolved (issue 25).
   first (the latest nearest the file), within ``chars``.
 - Its key is the blocks and the document versions they were visited at. Typing in a file never
   changes that file's own key: it changes only when the user works elsewhere. A changed key makes the
-  file's lead stale; the rebuild runs in idle time (``repobuild.rebuild_steps``), and the old plan serves
+  file's lead stale; the rebuild runs in idle time (``RepoBuild.rebuild_steps``), and the old plan serves
   until the new one is prefilled.
 
 Definitions an editor sends (``definitions``: where its language server's "go to definition" landed

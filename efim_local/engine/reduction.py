@@ -24,11 +24,11 @@ def prefill_tok_s(speed, n: int = SPEED_TOKENS, n_ctx: int = 0) -> float | None:
     return round(n / speed.predict_ms(n, n_ctx) * 1e3, 1)
 
 
-def reduced_by(engine, budget_ms: float, context: dict) -> dict:
-    """The facts behind a reduced plan's ``context`` (its ``tokens`` of ``full_tokens``), with its text."""
+def reduced_by(speed, cores, budget_ms: float, context: dict) -> dict:
+    """The facts behind a reduced plan's ``context`` (its ``tokens`` of ``full_tokens``), with its text:
+    an engine's learned ``speed`` and its ``cores`` (engine/cpu.py; None: fixed threads)."""
     used, full = context["tokens"], context["full_tokens"]
     missing = max(0, full - used)
-    speed, cores = engine.speed, engine.cores
     known = speed.known and missing > 0
     out = {"cause": LATENCY_BUDGET, "budget_ms": budget_ms,
            "prefill_tok_s": prefill_tok_s(speed, missing, used) if known else prefill_tok_s(speed),

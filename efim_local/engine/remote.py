@@ -21,15 +21,18 @@ from ..backend import Pool
 from ..config import Config
 from ..llama import Model
 from ..prompt.healing import Healer
+from .background import Growth
 from .decode import ends
 from .engine import Engine, make_planner
 from .files import Files
-from .instant import Instant, model_key
-from .models import KIND_FRAGMENT, choose_heal, choose_layout, describe, model_kind
+from .instant import Instant, Trail, model_key
+from .models import KIND_FRAGMENT, choose_layout, describe, model_kind, remote_heal
 from .pace import Pace
 from .policy import Policy
+from .run import Runner
 from .slots import SlotManager
 from .speed import PrefillSpeed
+from .status import StatusReport
 
 log = logging.getLogger("efim.engine")
 
@@ -79,14 +82,17 @@ class RemoteEngine(Engine):
             # holds the prompt and the answer's tokens, and the trail is the ids the server named.
             self.sparse = self.store = self.cores = self.speed_file = None
             self.instant = Instant(self.model, model_key(model_path), self._ends, config.answer_cache)
+            self.trail = Trail(self)
             self.slots, self.files, self.reuse = SlotManager(0), Files(), _NoReuse()
             self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
             self.speed, self._saved_speed = PrefillSpeed(policy=policy), 0
             self.pace, self.patience_s = Pace(policy), 0.0  # (no local batches: idle work never holds for a request)
+            self.runner, self.growth, self.status_report = Runner(self), Growth(self), StatusReport(self)
             self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
             self.default_layout, self.layout_reason = choose_layout(
                 self.model.meta, config.layout, self.template.source == "text")
-            self.default_heal, self.heal_reason = remote_heal(self, config)
+            self.default_heal, self.heal_reason = remote_heal(self.remote, self.model.meta,
+                                                              self.template.source == "text", config.heal)
             self._stack = stack.pop_all()
 
     @functools.cached_property
@@ -120,24 +126,7 @@ def open_remote(config: Config, model_path: str | Path, store=None, policy: Poli
     """The engine for a config with ``backend`` URLs: remote only, or with the local model behind."""
     if not config.local_fallback:
         return RemoteEngine(config, model_path, policy)
-    engine = Engine(config, model_path, store=store, policy=policy)
-    try:
-        engine.remote = open_pool(config, engine.model)
-    except BaseException:
-        engine.close()
-        raise
-    engine.default_heal, engine.heal_reason = remote_heal(engine, config)
-    # The budget's speed is the replicas' (remote_steps learns it); local prefills (a fallback) learn
-    # their own, which the budget does not ask, and neither is saved as this machine's speed.
-    engine.speed, engine.speed_file = PrefillSpeed(policy=engine.policy), None
-    engine.decoder.observe = PrefillSpeed(policy=engine.policy).observe
-    return engine
-
-
-def remote_heal(engine, config: Config) -> tuple[bool, str]:
-    """Healing with replicas: as in-process on llama-server (a grammar picks the healed token), off
-    on OpenAI-compatible servers (no grammar over llama.cpp's tokens there)."""
-    if not engine.remote.heals:
-        return False, "OpenAI-compatible backend: healing needs llama-server's grammar"
-    return choose_heal(engine.model.meta, engine.template.source == "text", config.heal)
+    # The engine opens the pool once its model is loaded (the ids the replicas name are checked against
+    # its vocabulary), and takes the replicas' healing and speed (Engine.__init__).
+    return Engine(config, model_path, store=store, policy=policy, pool=lambda model: open_pool(config, model))
 

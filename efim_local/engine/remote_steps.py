@@ -1,6 +1,6 @@
 """A token prompt run by a remote replica (``backend/``), answered as an in-process run is: stop
-rules, streaming text, cancellation, healing, the same Completion (``run.run_steps`` hands it over
-when the engine has replicas; the engines themselves are in ``remote.py``).
+rules, streaming text, cancellation, healing, the same Completion (``Runner.run_steps`` hands it over
+to :class:`RemoteSteps` when the engine has replicas; the engines themselves are in ``remote.py``).
 
 The engine thread never waits on the network: each remote call streams on its own thread
 (``backend.pool``); a step here takes what arrived, and when nothing did for any call, waits on the
@@ -69,62 +69,139 @@ class _Run:
     report: dict = field(default_factory=lambda: {"failover": []})
 
 
-def remote_steps(engine, prompt, how, ro, rules: StopRules):
-    """Run ``prompt`` on ``engine.remote`` (steps, as ``run.run_steps``); returns a Completion, or
-    None when every replica failed before any text went out and the engine has a local model."""
-    run = _Run(ro.t0 if ro.t0 is not None else time.perf_counter(), TextStream(rules))
-    tokens = prompt.tolist()
-    grammar = heal_grammar(ro.heal) if ro.heal and not ro.idle else None
-    if ro.heal and not ro.idle and grammar is None:
-        log.warning("%s: the healed text %r is not whole UTF-8: not healed", ro.path, ro.heal)
-    heal, reason, end = ro.heal if grammar else b"", None, {}
-    for tok in (ro.known or ()) if not ro.idle else ():  # type-through: the continuation is known
-        if reason is not None or run.n_gen >= rules.max_tokens:
-            break
-        heal, reason = _take(engine, how, ro, run, tokens, tok, heal)
-    while heal and reason is None and run.n_gen < rules.max_tokens and heal_grammar(heal) is not None:
-        got: list[int] = []
-        out = yield from _call_steps(engine, tokens, Sampling(n_predict=1, seed=how.seed, grammar=heal_grammar(heal)),
-                                     ro, run, lambda c, got=got: got.extend(c.ids))
-        if out is None:
-            return None
-        if not got:
-            raise BackendError("the server sent no token ids for a healed token")
-        heal, reason = _take(engine, how, ro, run, tokens, got[0], heal)
-        run.healed += 1
-    if reason is None and (run.n_gen < rules.max_tokens or ro.idle):
-        sampling = Sampling(n_predict=0 if ro.idle else rules.max_tokens - run.n_gen, temperature=how.temperature,
-                            top_k=how.top_k, top_p=how.top_p, seed=how.seed, ignore_eos=how.ignore_eog)
-        out = yield from _call_steps(engine, tokens, sampling, ro, run, lambda c: _chunk(engine, how, ro, run, c))
-        if out is None:
-            return None
-        reason, end = out
-        if reason == "max_tokens" and (end.get("generated") or 0) > run.named and not run.flushed:
-            # The last token ended inside a character: llama-server never sends it; in-process, the
-            # stream ends with a replacement character for it.
-            run.stream.feed(b"\xff")
-    tail = run.stream.finish()
-    if tail and ro.on_text:
-        ro.on_text(tail)
-    _learn(engine, run.first_end or {}, run)
-    return _completion(prompt, run, reason or "max_tokens", end)
+class RemoteSteps:
+    """An engine's token prompts run by its replicas (``engine.remote``), as the module's docstring
+    says; the engine's :class:`run.Runner` builds it and hands it a prompt when the engine has
+    replicas (``runner.replicas``)."""
 
+    def __init__(self, engine):
+        self.engine = engine
 
-def _take(engine, how, ro, run: _Run, tokens: list[int], tok: int, heal: bytes) -> tuple[bytes, str | None]:
-    """A token known before the stream (type-through, or healed), as ``decode.generate_steps`` takes
-    it: the text past the healed part goes out. Returns what is left to heal, and why to stop."""
-    raw = engine.model.piece(tok)
-    if heal:
-        raw, heal = (raw[len(heal):], b"") if raw.startswith(heal) else (b"", heal[len(raw):])
-    _trail(ro, run, tok)
-    run.t_first = run.t_first or time.perf_counter()
-    if not how.ignore_eog and (engine.model.is_eog(tok) or tok in engine.template.stop_tokens):
-        return heal, "eog"
-    tokens.append(tok)
-    run.ids.append(tok)
-    run.n_gen += 1
-    _show(run, raw, ro)
-    return heal, run.stream.stop_reason
+    def run_steps(self, prompt, how, ro, rules: StopRules):
+        """Run ``prompt`` on ``engine.remote`` (steps, as ``Runner.run_steps``); returns a Completion, or
+        None when every replica failed before any text went out and the engine has a local model."""
+        run = _Run(ro.t0 if ro.t0 is not None else time.perf_counter(), TextStream(rules))
+        tokens = prompt.tolist()
+        grammar = heal_grammar(ro.heal) if ro.heal and not ro.idle else None
+        if ro.heal and not ro.idle and grammar is None:
+            log.warning("%s: the healed text %r is not whole UTF-8: not healed", ro.path, ro.heal)
+        heal, reason, end = ro.heal if grammar else b"", None, {}
+        for tok in (ro.known or ()) if not ro.idle else ():  # type-through: the continuation is known
+            if reason is not None or run.n_gen >= rules.max_tokens:
+                break
+            heal, reason = self._take(how, ro, run, tokens, tok, heal)
+        while heal and reason is None and run.n_gen < rules.max_tokens and heal_grammar(heal) is not None:
+            got: list[int] = []
+            sampling = Sampling(n_predict=1, seed=how.seed, grammar=heal_grammar(heal))
+            out = yield from self._call_steps(tokens, sampling, ro, run, lambda c, got=got: got.extend(c.ids))
+            if out is None:
+                return None
+            if not got:
+                raise BackendError("the server sent no token ids for a healed token")
+            heal, reason = self._take(how, ro, run, tokens, got[0], heal)
+            run.healed += 1
+        if reason is None and (run.n_gen < rules.max_tokens or ro.idle):
+            sampling = Sampling(n_predict=0 if ro.idle else rules.max_tokens - run.n_gen, temperature=how.temperature,
+                                top_k=how.top_k, top_p=how.top_p, seed=how.seed, ignore_eos=how.ignore_eog)
+            out = yield from self._call_steps(tokens, sampling, ro, run, lambda c: self._chunk(how, ro, run, c))
+            if out is None:
+                return None
+            reason, end = out
+            if reason == "max_tokens" and (end.get("generated") or 0) > run.named and not run.flushed:
+                # The last token ended inside a character: llama-server never sends it; in-process, the
+                # stream ends with a replacement character for it.
+                run.stream.feed(b"\xff")
+        tail = run.stream.finish()
+        if tail and ro.on_text:
+            ro.on_text(tail)
+        self._learn(run.first_end or {}, run)
+        return _completion(prompt, run, reason or "max_tokens", end)
+
+    def _take(self, how, ro, run: _Run, tokens: list[int], tok: int, heal: bytes) -> tuple[bytes, str | None]:
+        """A token known before the stream (type-through, or healed), as ``decode.generate_steps`` takes
+        it: the text past the healed part goes out. Returns what is left to heal, and why to stop."""
+        engine = self.engine
+        raw = engine.model.piece(tok)
+        if heal:
+            raw, heal = (raw[len(heal):], b"") if raw.startswith(heal) else (b"", heal[len(raw):])
+        _trail(ro, run, tok)
+        run.t_first = run.t_first or time.perf_counter()
+        if not how.ignore_eog and (engine.model.is_eog(tok) or tok in engine.template.stop_tokens):
+            return heal, "eog"
+        tokens.append(tok)
+        run.ids.append(tok)
+        run.n_gen += 1
+        _show(run, raw, ro)
+        return heal, run.stream.stop_reason
+
+    def _chunk(self, how, ro, run: _Run, c) -> str | None:
+        """Take a streamed chunk; the reason to stop, if it says one."""
+        engine = self.engine
+        if not how.ignore_eog and any(t in engine.template.stop_tokens for t in c.ids):
+            return "eog"
+        flushed = bool(c.ids) and c.text != b"".join(map(engine.model.piece, c.ids)).decode("utf-8", "replace")
+        run.flushed = run.flushed or flushed  # the trail stops short of the unnamed token
+        for t in c.ids:
+            _trail(ro, run, t)
+            run.ids.append(t)
+        run.n_gen += (len(c.ids) or bool(c.text)) + flushed  # (at least) one unnamed token came with this one
+        run.named += len(c.ids) + flushed
+        _show(run, c.text.encode("utf-8"), ro)
+        return run.stream.stop_reason
+
+    def _call_steps(self, tokens: list[int], sampling: Sampling, ro, run: _Run, on_chunk):
+        """One remote call, to its end (steps): returns (stop reason, the end's info), or None when
+        every replica failed before any text went out and the engine has a local model."""
+        engine = self.engine
+        call = engine.remote.start(tokens, sampling, session_key(ro.path))
+        run.calls += 1
+        try:
+            while True:
+                if ro.should_stop is not None and ro.should_stop():
+                    raise Cancelled(data={
+                        "tokens": asdict(TokenCounts(prompt=len(tokens), generated=run.n_gen)),
+                        "timings": {"prompt_ms": (run.t_first - run.t0) * 1e3}} if run.t_first else None)
+                events = call.take()
+                run.shown = False
+                for kind, data in events:
+                    if kind == "replica":  # what the slot map expected is about the prompt: the first call
+                        run.report.update(data if run.calls == 1 else {"url": data["url"], "slot": data["slot"]})
+                    elif kind == "failover":
+                        run.report["failover"].append(data)
+                        log.warning("backend %s failed (%s); trying the next", data["url"], data["reason"])
+                    elif kind == "error":
+                        if ro.idle:  # warming is optional work
+                            log.debug("warming a replica failed: %s", data)
+                            return "max_tokens", {}
+                        if run.stream.text or run.n_gen or getattr(engine, "ctx", None) is None:
+                            raise data
+                        log.warning("%s; running it here", data)
+                        return None
+                    elif kind == "chunk":
+                        run.t_first = run.t_first or time.perf_counter()
+                        stop = on_chunk(data)
+                        if stop:
+                            return stop, {}
+                    elif kind == "end":
+                        if run.calls == 1:
+                            run.first_end = data
+                        return STOP_TYPES.get(data.get("stop") or "", "max_tokens"), data
+                if not events:
+                    engine.remote.wait_any(POLL)
+                yield SHOWN if run.shown else TOKEN
+        finally:
+            call.close()
+
+    def _learn(self, end: dict, run: _Run) -> None:
+        """The budget's speed learns the servers' prefill: their own prompt time (llama-server), else
+        the time to the first token."""
+        engine = self.engine
+        evaluated, cached = end.get("evaluated"), end.get("cached") or 0
+        ms = end.get("prompt_ms")
+        if ms is None and run.t_first is not None and not run.report.get("failover"):
+            ms = (run.t_first - run.t0) * 1e3
+        if evaluated and ms is not None:
+            engine.speed.observe(evaluated, cached, ms)
 
 
 def _trail(ro, run: _Run, tok: int) -> None:
@@ -139,74 +216,6 @@ def _show(run: _Run, raw: bytes, ro) -> None:
     if piece and ro.on_text:
         ro.on_text(piece)
     run.shown = run.shown or bool(piece)
-
-
-def _chunk(engine, how, ro, run: _Run, c) -> str | None:
-    """Take a streamed chunk; the reason to stop, if it says one."""
-    if not how.ignore_eog and any(t in engine.template.stop_tokens for t in c.ids):
-        return "eog"
-    flushed = bool(c.ids) and c.text != b"".join(map(engine.model.piece, c.ids)).decode("utf-8", "replace")
-    run.flushed = run.flushed or flushed  # the trail stops short of the unnamed token
-    for t in c.ids:
-        _trail(ro, run, t)
-        run.ids.append(t)
-    run.n_gen += (len(c.ids) or bool(c.text)) + flushed  # (at least) one unnamed token came with this one
-    run.named += len(c.ids) + flushed
-    _show(run, c.text.encode("utf-8"), ro)
-    return run.stream.stop_reason
-
-
-def _call_steps(engine, tokens: list[int], sampling: Sampling, ro, run: _Run, on_chunk):
-    """One remote call, to its end (steps): returns (stop reason, the end's info), or None when
-    every replica failed before any text went out and the engine has a local model."""
-    call = engine.remote.start(tokens, sampling, session_key(ro.path))
-    run.calls += 1
-    try:
-        while True:
-            if ro.should_stop is not None and ro.should_stop():
-                raise Cancelled(data={"tokens": asdict(TokenCounts(prompt=len(tokens), generated=run.n_gen)),
-                                      "timings": {"prompt_ms": (run.t_first - run.t0) * 1e3}} if run.t_first else None)
-            events = call.take()
-            run.shown = False
-            for kind, data in events:
-                if kind == "replica":  # what the slot map expected is about the prompt: the first call
-                    run.report.update(data if run.calls == 1 else {"url": data["url"], "slot": data["slot"]})
-                elif kind == "failover":
-                    run.report["failover"].append(data)
-                    log.warning("backend %s failed (%s); trying the next", data["url"], data["reason"])
-                elif kind == "error":
-                    if ro.idle:  # warming is optional work
-                        log.debug("warming a replica failed: %s", data)
-                        return "max_tokens", {}
-                    if run.stream.text or run.n_gen or getattr(engine, "ctx", None) is None:
-                        raise data
-                    log.warning("%s; running it here", data)
-                    return None
-                elif kind == "chunk":
-                    run.t_first = run.t_first or time.perf_counter()
-                    stop = on_chunk(data)
-                    if stop:
-                        return stop, {}
-                elif kind == "end":
-                    if run.calls == 1:
-                        run.first_end = data
-                    return STOP_TYPES.get(data.get("stop") or "", "max_tokens"), data
-            if not events:
-                engine.remote.wait_any(POLL)
-            yield SHOWN if run.shown else TOKEN
-    finally:
-        call.close()
-
-
-def _learn(engine, end: dict, run: _Run) -> None:
-    """The budget's speed learns the servers' prefill: their own prompt time (llama-server), else
-    the time to the first token."""
-    evaluated, cached = end.get("evaluated"), end.get("cached") or 0
-    ms = end.get("prompt_ms")
-    if ms is None and run.t_first is not None and not run.report.get("failover"):
-        ms = (run.t_first - run.t0) * 1e3
-    if evaluated and ms is not None:
-        engine.speed.observe(evaluated, cached, ms)
 
 
 def _completion(prompt, run: _Run, reason: str, end: dict) -> Completion:

@@ -9,7 +9,7 @@ the file's prefix, and a keystroke never prefills it:
 
 - a new session of a file takes the lead known for it only when its KV is at hand (a live slot or a
   saved state, e.g. after a restart); otherwise the file's plan is file-only until the rebuild;
-- the rebuild (``repobuild.rebuild_steps``, idle work) computes the tiers, prefills the new plan and
+- the rebuild (``RepoBuild.rebuild_steps``, idle work) computes the tiers, prefills the new plan and
   only then switches the session to it; after a request it goes before the file's growth (which would
   grow the plan about to be replaced);
 - the tiers are sized so that the lead prefills in about ``LEAD_S`` at the learned speed;

@@ -145,7 +145,7 @@ class Reuse:
         state (RAM or disk tier) that shares the longest prefix with ``prompt`` as ``start`` restores
         it (only where it beats the live slots by ``policy.restore_min_gain``, cut before the last token);
         None when there is none. A restore takes milliseconds, so the latency budget counts it as
-        cached (``run.fit_budget``)."""
+        cached (``Runner.fit_budget``)."""
         if self.store is None or self.swa:  # (a sliding-window state cannot be cut)
             return None
         m = self.store.lookup(prompt, path).match  # (whole states only: a shrunk one is approximate)

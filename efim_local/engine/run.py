@@ -1,8 +1,8 @@
 """A request as steps: plan it, fit it to the budget, find where its KV starts, prefill, generate.
 
-Each function here is a generator of steps (``decode.PREFILL``, ``TOKEN``, ``SHOWN``) that returns
-its result: the scheduler (``scheduler.py``) decides which work takes the next step; ``drive()``
-runs one to its end (the library API, tests).
+Each ``*_steps`` method of the engine's :class:`Runner` is a generator of steps (``decode.PREFILL``,
+``TOKEN``, ``SHOWN``) that returns its result: the scheduler (``scheduler.py``) decides which work
+takes the next step; ``drive()`` runs one to its end (the library API, tests).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .decode import GenSpec, answer_rules
 from .instant import Instant, Shown, Through, cached_completion, keep_known
 from .policy import Policy
 from .reduction import reduced_by
-from .remote_steps import remote_steps
+from .remote_steps import RemoteSteps
 from .stream import StopRules
 
 log = logging.getLogger("efim.engine")
@@ -57,139 +57,265 @@ class RunOptions:
     keep: Sequence[int] | None = None  # idle work: KV of these tokens that it never cuts (Reuse.start)
 
 
-def run_steps(engine, tokens, how: Options, ro: RunOptions = RunOptions()):
-    """Decode a token prompt in the best slot and generate (steps; returns a Completion)."""
-    t0 = ro.t0 if ro.t0 is not None else time.perf_counter()
-    prompt = np.asarray(tokens, dtype=np.int32)
-    if len(prompt) == 0:
-        raise InvalidParams("invalid params: the prompt is empty")
-    want_sparse = how.sparse if how.sparse is not None else engine.config.sparse_budget > 0
-    max_tokens = engine.max_tokens(how)
-    room = engine.config.context.n_ctx_seq - len(prompt)
-    rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=how.stop_at_newline,
-                      max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers)
-    if engine.remote is not None and not ro.cold:  # a remote backend runs it (engine/remote_steps.py)
-        rules = answer_rules(engine.model, engine.template.markers, rules, prompt, ro.heal)
-        out = yield from remote_steps(engine, prompt, how, ro, rules)
-        if out is not None:
-            return out  # else every replica failed: the local model answers
-    keep = None if ro.keep is None else np.asarray(ro.keep, dtype=np.int32)
-    start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light, keep)
-    slot = start.slot
-    if not ro.idle:  # other work between this request's steps never picks, evicts or empties its slot
-        engine.slots.busy.add(slot.seq)
-    counts = TokenCounts(prompt=len(prompt))
-    known = ro.known or ()
-    try:
-        ready = not (ro.known is not None and not ro.cold and keep_known(engine, slot, prompt, known))
-        if rules.max_tokens <= 0 and not ro.cold and start.n_common >= len(prompt):
-            ready = False  # idle work on a prompt the slot holds: nothing to do (what follows it stays)
-        evaluated = 0
-        if ready:  # (else the slot holds the prompt, and the known continuation's KV as far as it goes)
-            evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop,
-                                                                ro.chunk)
-        counts.cached, counts.evaluated = len(prompt) - evaluated, evaluated
-        spec = GenSpec(rules, ro.on_text, how.ignore_eog, ro.should_stop, ro.heal, known, ro.trail)
-        with Sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
-            gen = yield from engine.decoder.generate_steps(slot, prompt, sampler, spec, ready)
-    except Cancelled as e:
-        if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
-            counts.generated = e.data["generated"]
-            e.data = {"tokens": asdict(counts), "timings": {"prompt_ms": (e.data["first_token_at"] - t0) * 1e3}}
-        raise
-    finally:
-        log.debug("run %s%s: slot %d from %d (%s) of %d, now %d", "idle " if ro.idle else "", ro.path, slot.seq,
-                  start.n_common, start.tier, len(prompt), len(slot.tokens))
-        engine.slots.busy.discard(slot.seq)
-        engine.reuse.finish(start, ro.path, len(prompt), ro.checkpoint, ro.cold, ro.idle)
-    t2 = time.perf_counter()
-    reason = gen.reason
-    if reason == "max_tokens" and room < max_tokens:
-        reason = "context_full"
-    counts.generated = len(gen.ids)
-    first = gen.t_first or t2
-    # A short reuse (under the slot manager's min_reuse) still came from the slot.
-    tier = ("slot" if start.tier == "none" else start.tier) if counts.cached else "none"
-    return Completion(
-        text=gen.stream.text, stop_reason=reason, layout="tokens", tokens=counts,
-        timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
-        slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids,
-        prompt=Prompt(tuple(int(t) for t in prompt), ro.heal, ro.closers))
+class Runner:
+    """An engine's requests as steps (the module's docstring): a token prompt run in the best slot,
+    a request planned within its latency budget (taking what growth computed) and completed. Its
+    engine builds it and owns it (``engine.runner``)."""
 
+    def __init__(self, engine):
+        self.engine = engine
+        self.replicas = RemoteSteps(engine)  # a prompt the engine's replicas run (remote_steps.py)
 
-def complete_steps(engine, req: CompletionRequest, ro: RunOptions = RunOptions()):
-    """Plan a request (within its latency budget), heal its partial word, run it (steps; returns a
-    Completion that reports the context it used). A request's keystroke that types on its file's
-    last answer is answered from that answer's trail; a plan answered before, from the cache
-    (``instant.py``; idle work does neither)."""
-    t0 = time.perf_counter()
-    instant = None if ro.idle else engine.instant
-    through = instant.match(req) if instant is not None else None
-    if through is not None:
-        return (yield from through_steps(engine, req, through, ro, t0))
-    plan = fit_budget(engine, req, engine.plan(req))
-    engine.files.set_typed(req.path, plan.middle_tokens)
-    tokens, heal = plan.tokens, b""
-    want_heal = (engine.default_heal if req.how.heal is None else req.how.heal) and (engine.remote is None
-                                                                                      or engine.remote.heals)
-    if want_heal and plan.middle_tokens:
-        # Back off the typed tokens that could merge with what follows; generation spells them again.
-        tail = [engine.model.piece(t) for t in plan.middle_tokens[-MAX_BACKOFF:]]
-        k = engine.healer.backoff(tail, word_end=engine.fragment_trained)
-        cut = plan.middle_start + len(plan.middle_tokens) - k
-        heal = b"".join(tail[len(tail) - k:])
-        tokens = tokens[:cut] + tokens[cut + k:]
-    plan_ms = (time.perf_counter() - t0) * 1e3
-    context = context_report(plan)
-    if plan.reduced:  # why, and the facts that made the budget bind (reduction.py)
-        context["reduced_by"] = reduced_by(engine, budget_ms(engine, req.how), context)
-    if not ro.idle:
-        engine.last_context = (context["tokens"], context["full_tokens"])  # (Engine.interrupt)
-    if engine.repo is not None:  # the repository context before the prefix: tokens per tier (repoctx.py)
-        context["repo"] = engine.repo.report(req.path)
-    if plan.closers:
-        context["closers"] = plan.closers
-    prompt, shown = Prompt(tuple(tokens), heal, plan.closers), None
-    if instant is not None:
-        key = instant.key(prompt, req.how, engine.max_tokens(req.how))
-        hit = instant.get(key, prompt)
-        if hit is not None:
-            out = cached_completion(hit, prompt)
-            if greedy(req.how) and plan.layout == "efim":
-                instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
-                                                 plan.closers, list(hit[3]), out.text, len(out.token_ids),
-                                                 engine.max_tokens(req.how), plan.middle_start, dict(context)))
-            out.timings = Timings(plan_ms=plan_ms, total_ms=(time.perf_counter() - t0) * 1e3)
-            out.reanchor = plan.reanchor
-            if ro.on_text is not None and out.text:  # streamed like any answer, at once
-                ro.on_text(out.text)
-            return out
-        if greedy(req.how) and plan.layout == "efim":  # the middle comes last: typing extends the prompt
-            shown = instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
-                                                     plan.closers, max_tokens=engine.max_tokens(req.how),
-                                                     checkpoint=plan.middle_start, context=dict(context)))
-    ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
-                    idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
-                    trail=shown.ids if shown is not None else None)
-    try:
-        out = yield from run_steps(engine, tokens, req.how, ro)
-    except Cancelled as e:
-        # Say what it planned (benchmarks score it), and how far it got if it was generating.
-        e.data = {**(e.data if isinstance(e.data, dict) else {}), "context": context, "reanchor": plan.reanchor}
-        raise
-    out.timings.plan_ms = plan_ms
-    out.layout = plan.layout
-    out.reanchor = plan.reanchor
-    if plan.prefix_trimmed or plan.suffix_trimmed or any(plan.cut):
-        out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
-        if any(plan.cut):  # a big file: text that was not even tokenized
-            out.trimmed |= {"prefix_chars": plan.cut[0], "suffix_chars": plan.cut[1]}
-    out.context = context
-    if shown is not None:
-        Instant.answered(shown, out)
-    if instant is not None and not (out.sparse and "fallback" not in out.sparse):  # approximate KV: not kept
-        instant.put(key, prompt, out, shown.ids if shown is not None else out.token_ids)
-    return out
+    def run_steps(self, tokens, how: Options, ro: RunOptions = RunOptions()):
+        """Decode a token prompt in the best slot and generate (steps; returns a Completion)."""
+        engine = self.engine
+        t0 = ro.t0 if ro.t0 is not None else time.perf_counter()
+        prompt = np.asarray(tokens, dtype=np.int32)
+        if len(prompt) == 0:
+            raise InvalidParams("invalid params: the prompt is empty")
+        want_sparse = how.sparse if how.sparse is not None else engine.config.sparse_budget > 0
+        max_tokens = engine.max_tokens(how)
+        room = engine.config.context.n_ctx_seq - len(prompt)
+        rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=how.stop_at_newline,
+                          max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers)
+        if engine.remote is not None and not ro.cold:  # a remote backend runs it (engine/remote_steps.py)
+            rules = answer_rules(engine.model, engine.template.markers, rules, prompt, ro.heal)
+            out = yield from self.replicas.run_steps(prompt, how, ro, rules)
+            if out is not None:
+                return out  # else every replica failed: the local model answers
+        keep = None if ro.keep is None else np.asarray(ro.keep, dtype=np.int32)
+        start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light, keep)
+        slot = start.slot
+        if not ro.idle:  # other work between this request's steps never picks, evicts or empties its slot
+            engine.slots.busy.add(slot.seq)
+        counts = TokenCounts(prompt=len(prompt))
+        known = ro.known or ()
+        try:
+            ready = not (ro.known is not None and not ro.cold and keep_known(engine.ctx, slot, prompt, known))
+            if rules.max_tokens <= 0 and not ro.cold and start.n_common >= len(prompt):
+                ready = False  # idle work on a prompt the slot holds: nothing to do (what follows it stays)
+            evaluated = 0
+            if ready:  # (else the slot holds the prompt, and the known continuation's KV as far as it goes)
+                evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop,
+                                                                    ro.chunk)
+            counts.cached, counts.evaluated = len(prompt) - evaluated, evaluated
+            spec = GenSpec(rules, ro.on_text, how.ignore_eog, ro.should_stop, ro.heal, known, ro.trail)
+            with Sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
+                gen = yield from engine.decoder.generate_steps(slot, prompt, sampler, spec, ready)
+        except Cancelled as e:
+            if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
+                counts.generated = e.data["generated"]
+                e.data = {"tokens": asdict(counts), "timings": {"prompt_ms": (e.data["first_token_at"] - t0) * 1e3}}
+            raise
+        finally:
+            log.debug("run %s%s: slot %d from %d (%s) of %d, now %d", "idle " if ro.idle else "", ro.path, slot.seq,
+                      start.n_common, start.tier, len(prompt), len(slot.tokens))
+            engine.slots.busy.discard(slot.seq)
+            engine.reuse.finish(start, ro.path, len(prompt), ro.checkpoint, ro.cold, ro.idle)
+        t2 = time.perf_counter()
+        reason = gen.reason
+        if reason == "max_tokens" and room < max_tokens:
+            reason = "context_full"
+        counts.generated = len(gen.ids)
+        first = gen.t_first or t2
+        # A short reuse (under the slot manager's min_reuse) still came from the slot.
+        tier = ("slot" if start.tier == "none" else start.tier) if counts.cached else "none"
+        return Completion(
+            text=gen.stream.text, stop_reason=reason, layout="tokens", tokens=counts,
+            timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
+            slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids,
+            prompt=Prompt(tuple(int(t) for t in prompt), ro.heal, ro.closers))
+
+    def complete_steps(self, req: CompletionRequest, ro: RunOptions = RunOptions()):
+        """Plan a request (within its latency budget), heal its partial word, run it (steps; returns a
+        Completion that reports the context it used). A request's keystroke that types on its file's
+        last answer is answered from that answer's trail; a plan answered before, from the cache
+        (``instant.py``; idle work does neither)."""
+        engine = self.engine
+        t0 = time.perf_counter()
+        instant = None if ro.idle else engine.instant
+        through = instant.match(req) if instant is not None else None
+        if through is not None:
+            return (yield from self.through_steps(req, through, ro, t0))
+        plan = self.fit_budget(req, engine.plan(req))
+        engine.files.set_typed(req.path, plan.middle_tokens)
+        tokens, heal = plan.tokens, b""
+        want_heal = (engine.default_heal if req.how.heal is None else req.how.heal) and (engine.remote is None
+                                                                                          or engine.remote.heals)
+        if want_heal and plan.middle_tokens:
+            # Back off the typed tokens that could merge with what follows; generation spells them again.
+            tail = [engine.model.piece(t) for t in plan.middle_tokens[-MAX_BACKOFF:]]
+            k = engine.healer.backoff(tail, word_end=engine.fragment_trained)
+            cut = plan.middle_start + len(plan.middle_tokens) - k
+            heal = b"".join(tail[len(tail) - k:])
+            tokens = tokens[:cut] + tokens[cut + k:]
+        plan_ms = (time.perf_counter() - t0) * 1e3
+        context = context_report(plan)
+        if plan.reduced:  # why, and the facts that made the budget bind (reduction.py)
+            context["reduced_by"] = reduced_by(engine.speed, engine.cores, self.budget_ms(req.how), context)
+        if not ro.idle:
+            engine.last_context = (context["tokens"], context["full_tokens"])  # (Engine.interrupt)
+        if engine.repo is not None:  # the repository context before the prefix: tokens per tier (repoctx.py)
+            context["repo"] = engine.repo.report(req.path)
+        if plan.closers:
+            context["closers"] = plan.closers
+        prompt, shown = Prompt(tuple(tokens), heal, plan.closers), None
+        if instant is not None:
+            key = instant.key(prompt, req.how, engine.max_tokens(req.how))
+            hit = instant.get(key, prompt)
+            if hit is not None:
+                out = cached_completion(hit, prompt)
+                if greedy(req.how) and plan.layout == "efim":
+                    instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
+                                                     plan.closers, list(hit[3]), out.text, len(out.token_ids),
+                                                     engine.max_tokens(req.how), plan.middle_start, dict(context)))
+                out.timings = Timings(plan_ms=plan_ms, total_ms=(time.perf_counter() - t0) * 1e3)
+                out.reanchor = plan.reanchor
+                if ro.on_text is not None and out.text:  # streamed like any answer, at once
+                    ro.on_text(out.text)
+                return out
+            if greedy(req.how) and plan.layout == "efim":  # the middle comes last: typing extends the prompt
+                shown = instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
+                                                         plan.closers, max_tokens=engine.max_tokens(req.how),
+                                                         checkpoint=plan.middle_start, context=dict(context)))
+        ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
+                        idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
+                        trail=shown.ids if shown is not None else None)
+        try:
+            out = yield from self.run_steps(tokens, req.how, ro)
+        except Cancelled as e:
+            # Say what it planned (benchmarks score it), and how far it got if it was generating.
+            e.data = {**(e.data if isinstance(e.data, dict) else {}), "context": context, "reanchor": plan.reanchor}
+            raise
+        out.timings.plan_ms = plan_ms
+        out.layout = plan.layout
+        out.reanchor = plan.reanchor
+        if plan.prefix_trimmed or plan.suffix_trimmed or any(plan.cut):
+            out.trimmed = {"prefix_tokens": plan.prefix_trimmed, "suffix_tokens": plan.suffix_trimmed}
+            if any(plan.cut):  # a big file: text that was not even tokenized
+                out.trimmed |= {"prefix_chars": plan.cut[0], "suffix_chars": plan.cut[1]}
+        out.context = context
+        if shown is not None:
+            Instant.answered(shown, out)
+        if instant is not None and not (out.sparse and "fallback" not in out.sparse):  # approximate KV: not kept
+            instant.put(key, prompt, out, shown.ids if shown is not None else out.token_ids)
+        return out
+
+    def through_steps(self, req: CompletionRequest, th: Through, ro: RunOptions, t0: float):
+        """Answer a keystroke that types on the last answer (``instant.py``): its plan is that answer's
+        prompt plus the tokens typed, and the rest of its trail is known (steps; returns a Completion)."""
+        engine = self.engine
+        s = th.shown
+        engine.files.note_request(req.path, req.text, req.cursor)
+        new = engine.instant.remember(req.path, Shown(req.text, req.cursor, th.tokens, th.heal, s.closers,
+                                                      list(th.known), max_tokens=engine.max_tokens(req.how),
+                                                      checkpoint=s.checkpoint, context=dict(s.context)))
+        out = yield from self.run_steps(th.tokens, req.how, RunOptions(
+            path=req.path, t0=t0, checkpoint=s.checkpoint, heal=th.heal, closers=s.closers, chunk=ro.chunk,
+            should_stop=ro.should_stop, on_text=ro.on_text, known=th.known, trail=new.ids))
+        out.source, out.layout, out.context = th.source, "efim", dict(s.context)
+        Instant.answered(new, out)
+        return out
+
+    def probe_speed(self, n: int = 16, warm: int = 4) -> None:
+        """A first guess of the prefill speed, for a budget asked before anything was learned (a fresh
+        in-process engine, or a request before the daemon's calibration): ``n`` tokens prefilled in an
+        empty slot after ``warm`` that are not timed (a context's first decode allocates its buffers),
+        then the slot is emptied again. Costs about ``n + warm`` tokens' time, once."""
+        engine = self.engine
+        slot = next((s for s in engine.slots.free() if not len(s.tokens)), None)
+        if slot is None:
+            return
+        tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), warm + n)
+        try:  # the speed learns from batches of at least 8 tokens (Policy.speed_min_tokens): the warm-up is not one
+            engine.decoder.prefill(slot, tokens, 0, chunk=lambda pos: warm if pos == 0 else n)
+        finally:
+            engine.reuse.clear(slot)
+
+    def adopt_growth(self, req: CompletionRequest, plan: Plan, budget: float, peek) -> Plan | None:
+        """A reduced plan on a kept anchor, refitted to what growth has computed since: once growth has
+        the window's whole prefix, the plan takes it and the start of the suffix that growth has too
+        (the same anchor: the typed middle stays cheap; growth stages such plans, ``background.py``).
+        Taken when it adds enough context (``policy.adopt_min`` tokens, ``1/policy.adopt_gain`` of the full
+        plan's) within ``policy.adopt_share`` of the budget, so the context grows while the user types
+        instead of in one jump at the end."""
+        engine = self.engine
+        if not plan.reduced or plan.reanchor is not None:
+            return None
+        session = engine.session(req.path)
+        planner, anchor = engine.planner_for(session), session.anchor
+        policy = engine.policy
+        used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
+        want = max(policy.adopt_min, plan.full_context // policy.adopt_gain)
+        # A plan that lacks lines of its prefix (the cached head, then the lines nearest the cursor) takes
+        # any grown plan that has them all: those lines weigh most (docs/benchmarks-context.md).
+        lacks = len(plan.prefix_tokens) < len(anchor.full_prefix) - anchor.window - anchor.base
+        if plan.full_context - used < want and not lacks:
+            return None
+        full = planner.full_anchor(anchor, engine.max_tokens(req.how))
+        # All that growth holds, else the last stage it left with the typed text after it (cheaper)
+        for cap in (None, *reversed(stage_ends(planner, full, policy, len(anchor.suffix_tokens)))):
+            held = peek if cap is None else (lambda toks, cap=cap: min(peek(toks), cap))
+            fitted = planner.refit(anchor, len(plan.middle_tokens), Budget(tokens=0, cached=held, floor=0),
+                                   reserve=engine.max_tokens(req.how))
+            gain = len(fitted.prefix_tokens) + len(fitted.suffix_tokens) - used
+            if fitted.reduced and (fitted.head < len(anchor.full_prefix) - fitted.window - fitted.base  # a gap
+                                   or gain <= 0 or (gain < want and not lacks)):
+                continue
+            grown = planner.plan_on(fitted, plan.layout, plan.middle_tokens, plan.middle_text, GROWN, plan.closers)
+            have = peek(grown.tokens)
+            if engine.speed.predict_ms(len(grown.tokens) - have, have) <= budget * policy.adopt_share:
+                break
+        else:
+            return None
+        engine.files.set_anchor(req.path, fitted)
+        if not fitted.reduced:  # growth is over: the slots of the reduced plans are stale copies
+            stable = grown.tokens[:grown.middle_start]
+            engine.reuse.drop_others(req.path, np.asarray(stable[:peek(stable)], dtype=np.int32))
+        return grown
+
+    def budget_ms(self, how: Options) -> float:
+        """A request's latency budget for its prompt, in ms (0: none)."""
+        engine = self.engine
+        return how.max_prompt_ms if how.max_prompt_ms is not None else engine.config.max_prompt_ms
+
+    def fit_budget(self, req: CompletionRequest, plan: Plan) -> Plan:
+        """``plan``, or a reduced one if its new tokens would not be prefilled within the request's
+        budget. Cached tokens are free: a reduced plan keeps the head of the prefix that a slot already
+        holds (idle growth computes it from the file's top), then spends the budget on the context
+        nearest the cursor. A reduced plan stays until growth has computed the full one: a re-plan on a
+        partly grown head would cost up to the budget, and take (and cut) the slot the growth is in."""
+        engine = self.engine
+        budget = self.budget_ms(req.how)
+        speed = engine.speed
+        if budget > 0 and not speed.known:
+            self.probe_speed()
+            engine.size_near()  # (Engine.plan sizes it when the speed is known already)
+        if budget <= 0 or not speed.known:
+            return plan
+        peek = lambda toks: (engine.reuse if engine.remote is None else engine.remote).peek(np.asarray(toks, np.int32))
+        have = peek(plan.tokens)
+        if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
+            return self.adopt_growth(req, plan, budget, peek) or plan
+        # A saved state restores in milliseconds: what it holds counts as cached (the first request after a
+        # restart, a file reopened, an earlier version of it: reuse.start restores it).
+        stored = engine.reuse.stored(np.asarray(plan.tokens, np.int32), req.path) if engine.remote is None else None
+        if stored is not None:
+            peek = lambda toks: stored(np.asarray(toks, np.int32))
+            have = peek(plan.tokens)
+            if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
+                return self.adopt_growth(req, plan, budget, peek) or plan
+        session = engine.session(req.path)
+        anchor = session.anchor
+        log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,
+                  len(plan.tokens))
+        # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line never
+        # tokenizes the file again.
+        planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
+        same = plan.reanchor is not None and anchor.offset == planner.anchor_offset(req.text, req.cursor)
+        return planner.plan(session, req.text, req.cursor, req.how.layout, reserve=engine.max_tokens(req.how),
+                            budget=Budget(cached=peek, new_for=lambda n_cached: speed.max_new(budget, n_cached)),
+                            pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)
 
 
 def greedy(how: Options) -> bool:
@@ -197,38 +323,7 @@ def greedy(how: Options) -> bool:
     return how.temperature <= 0 and not how.ignore_eog
 
 
-def through_steps(engine, req: CompletionRequest, th: Through, ro: RunOptions, t0: float):
-    """Answer a keystroke that types on the last answer (``instant.py``): its plan is that answer's
-    prompt plus the tokens typed, and the rest of its trail is known (steps; returns a Completion)."""
-    s = th.shown
-    engine.files.note_request(req.path, req.text, req.cursor)
-    new = engine.instant.remember(req.path, Shown(req.text, req.cursor, th.tokens, th.heal, s.closers, list(th.known),
-                                                  max_tokens=engine.max_tokens(req.how), checkpoint=s.checkpoint,
-                                                  context=dict(s.context)))
-    out = yield from run_steps(engine, th.tokens, req.how, RunOptions(
-        path=req.path, t0=t0, checkpoint=s.checkpoint, heal=th.heal, closers=s.closers, chunk=ro.chunk,
-        should_stop=ro.should_stop, on_text=ro.on_text, known=th.known, trail=new.ids))
-    out.source, out.layout, out.context = th.source, "efim", dict(s.context)
-    Instant.answered(new, out)
-    return out
-
-
 PROBE = "def f(x):\n    return x + 1\n" * 2
-
-
-def probe_speed(engine, n: int = 16, warm: int = 4) -> None:
-    """A first guess of the prefill speed, for a budget asked before anything was learned (a fresh
-    in-process engine, or a request before the daemon's calibration): ``n`` tokens prefilled in an
-    empty slot after ``warm`` that are not timed (a context's first decode allocates its buffers),
-    then the slot is emptied again. Costs about ``n + warm`` tokens' time, once."""
-    slot = next((s for s in engine.slots.free() if not len(s.tokens)), None)
-    if slot is None:
-        return
-    tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), warm + n)
-    try:  # the speed learns from batches of at least 8 tokens (Policy.speed_min_tokens): the warm-up is not one
-        engine.decoder.prefill(slot, tokens, 0, chunk=lambda pos: warm if pos == 0 else n)
-    finally:
-        engine.reuse.clear(slot)
 
 
 def context_report(plan: Plan) -> dict:
@@ -239,48 +334,6 @@ def context_report(plan: Plan) -> dict:
     return {"prefix_tokens": len(plan.prefix_tokens), "suffix_tokens": len(plan.suffix_tokens),
             "middle_tokens": len(plan.middle_tokens), "head_tokens": plan.head, "gap_tokens": plan.gap, "tokens": used,
             "full_tokens": full, "share": round(used / full, 3) if full else 1.0, "reduced": plan.reduced}
-
-
-def adopt_growth(engine, req: CompletionRequest, plan: Plan, budget: float, peek) -> Plan | None:
-    """A reduced plan on a kept anchor, refitted to what growth has computed since: once growth has
-    the window's whole prefix, the plan takes it and the start of the suffix that growth has too
-    (the same anchor: the typed middle stays cheap; growth stages such plans, ``background.py``).
-    Taken when it adds enough context (``policy.adopt_min`` tokens, ``1/policy.adopt_gain`` of the full
-    plan's) within ``policy.adopt_share`` of the budget, so the context grows while the user types
-    instead of in one jump at the end."""
-    if not plan.reduced or plan.reanchor is not None:
-        return None
-    session = engine.session(req.path)
-    planner, anchor = engine.planner_for(session), session.anchor
-    policy = engine.policy
-    used = len(plan.prefix_tokens) + len(plan.suffix_tokens)
-    want = max(policy.adopt_min, plan.full_context // policy.adopt_gain)
-    # A plan that lacks lines of its prefix (the cached head, then the lines nearest the cursor) takes
-    # any grown plan that has them all: those lines weigh most (docs/benchmarks-context.md).
-    lacks = len(plan.prefix_tokens) < len(anchor.full_prefix) - anchor.window - anchor.base
-    if plan.full_context - used < want and not lacks:
-        return None
-    full = planner.full_anchor(anchor, engine.max_tokens(req.how))
-    # All that growth holds, else the last stage it left with the typed text after it (cheaper)
-    for cap in (None, *reversed(stage_ends(planner, full, policy, len(anchor.suffix_tokens)))):
-        held = peek if cap is None else (lambda toks, cap=cap: min(peek(toks), cap))
-        fitted = planner.refit(anchor, len(plan.middle_tokens), Budget(tokens=0, cached=held, floor=0),
-                               reserve=engine.max_tokens(req.how))
-        gain = len(fitted.prefix_tokens) + len(fitted.suffix_tokens) - used
-        if fitted.reduced and (fitted.head < len(anchor.full_prefix) - fitted.window - fitted.base  # a gap
-                               or gain <= 0 or (gain < want and not lacks)):
-            continue
-        grown = planner.plan_on(fitted, plan.layout, plan.middle_tokens, plan.middle_text, GROWN, plan.closers)
-        have = peek(grown.tokens)
-        if engine.speed.predict_ms(len(grown.tokens) - have, have) <= budget * policy.adopt_share:
-            break
-    else:
-        return None
-    engine.files.set_anchor(req.path, fitted)
-    if not fitted.reduced:  # growth is over: the slots of the reduced plans are stale copies
-        stable = grown.tokens[:grown.middle_start]
-        engine.reuse.drop_others(req.path, np.asarray(stable[:peek(stable)], dtype=np.int32))
-    return grown
 
 
 def stage_ends(planner, full, policy: Policy, first: int = 0) -> list[int]:
@@ -295,46 +348,3 @@ def stage_ends(planner, full, policy: Policy, first: int = 0) -> list[int]:
     step = max(policy.stage_min, full.full_context // policy.stages)
     rest = list(range(body + step, body + len(full.suffix_tokens) - step // 2, step))
     return ([body + first] if 0 < first < min(step // 2, len(full.suffix_tokens)) else []) + rest
-
-
-def budget_ms(engine, how: Options) -> float:
-    """A request's latency budget for its prompt, in ms (0: none)."""
-    return how.max_prompt_ms if how.max_prompt_ms is not None else engine.config.max_prompt_ms
-
-
-def fit_budget(engine, req: CompletionRequest, plan: Plan) -> Plan:
-    """``plan``, or a reduced one if its new tokens would not be prefilled within the request's
-    budget. Cached tokens are free: a reduced plan keeps the head of the prefix that a slot already
-    holds (idle growth computes it from the file's top), then spends the budget on the context
-    nearest the cursor. A reduced plan stays until growth has computed the full one: a re-plan on a
-    partly grown head would cost up to the budget, and take (and cut) the slot the growth is in."""
-    budget = budget_ms(engine, req.how)
-    speed = engine.speed
-    if budget > 0 and not speed.known:
-        probe_speed(engine)
-        engine.size_near()  # (Engine.plan sizes it when the speed is known already)
-    if budget <= 0 or not speed.known:
-        return plan
-    peek = lambda toks: (engine.reuse if engine.remote is None else engine.remote).peek(np.asarray(toks, np.int32))
-    have = peek(plan.tokens)
-    if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
-        return adopt_growth(engine, req, plan, budget, peek) or plan
-    # A saved state restores in milliseconds: what it holds counts as cached (the first request after a
-    # restart, a file reopened, an earlier version of it: reuse.start restores it).
-    stored = engine.reuse.stored(np.asarray(plan.tokens, np.int32), req.path) if engine.remote is None else None
-    if stored is not None:
-        peek = lambda toks: stored(np.asarray(toks, np.int32))
-        have = peek(plan.tokens)
-        if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
-            return adopt_growth(engine, req, plan, budget, peek) or plan
-    session = engine.session(req.path)
-    anchor = session.anchor
-    log.debug("%s: plan over budget (reanchor=%s, %d of %d tokens cached)", req.path, plan.reanchor, have,
-              len(plan.tokens))
-    # The anchor holds its pieces' untrimmed tokens: a budgeted re-anchor at the same cursor line never
-    # tokenizes the file again.
-    planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
-    same = plan.reanchor is not None and anchor.offset == planner.anchor_offset(req.text, req.cursor)
-    return planner.plan(session, req.text, req.cursor, req.how.layout, reserve=engine.max_tokens(req.how),
-                        budget=Budget(cached=peek, new_for=lambda n_cached: speed.max_new(budget, n_cached)),
-                        pieces=(anchor.full_prefix, anchor.full_suffix) if same else None)

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from ..errors import Busy, Cancelled, Interrupted
 from .background import Alongside
 from .decode import PREFILL, SHOWN
-from .run import RunOptions, complete_steps
+from .run import RunOptions
 from .tasks import BackgroundTask, RequestTask
 
 log = logging.getLogger("efim.engine")
@@ -276,7 +276,7 @@ class Scheduler:
                 self.last_path = task.request.path
                 t0 = self.clock()
                 task.ride = Alongside(self.engine, task.request.path, t0, task.cancelled.is_set, self.waits)
-                task.steps = complete_steps(self.engine, task.request, RunOptions(
+                task.steps = self.engine.runner.complete_steps(task.request, RunOptions(
                     on_text=task.on_text, should_stop=task.cancelled.is_set))
             kind = next(task.steps)
         except StopIteration as done:

@@ -8,7 +8,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine import CompletionRequest, Engine
-from efim_local.engine import run as run_mod
 from efim_local.request import Options
 from efim_local.engine.speed import PrefillSpeed
 from efim_local.prompt import planner as planner_mod
@@ -215,8 +214,8 @@ def test_growth_during_generation_is_exact(engine, reference, doc, at, share, ty
     context needs."""
     engine.config = replace(engine.config, grow_share=share)
     used = []  # the plan each request answered from (the budget's, not plan()'s)
-    fit = run_mod.fit_budget
-    monkeypatch.setattr(run_mod, "fit_budget", lambda e, req, plan: used.append(fit(e, req, plan)) or used[-1])
+    fit = engine.runner.fit_budget
+    monkeypatch.setattr(engine.runner, "fit_budget", lambda req, plan: used.append(fit(req, plan)) or used[-1])
     try:
         text, path = DOCS[doc], f"ride-{doc}.py"
         engine.forget(path)
@@ -249,8 +248,8 @@ def test_keystrokes_take_the_growth_as_it_goes_exactly(engine, reference, doc, a
     prefix, then the start of the suffix) instead of waiting for the whole plan; every answer, on a
     partly grown plan or not, equals its plan computed cold."""
     used = []
-    fit = run_mod.fit_budget
-    monkeypatch.setattr(run_mod, "fit_budget", lambda e, req, plan: used.append(fit(e, req, plan)) or used[-1])
+    fit = engine.runner.fit_budget
+    monkeypatch.setattr(engine.runner, "fit_budget", lambda req, plan: used.append(fit(req, plan)) or used[-1])
     text, path = DOCS[doc], f"adopt-{doc}.py"
     engine.forget(path)
     cur = text.index("\n", int(len(text) * at)) + 1
@@ -386,13 +385,12 @@ def test_a_file_opened_without_a_cursor_warms_its_top(engine, reference):
     """Opened before any cursor is known, a file bigger than a slot is warmed from its top (the head
     of every plan on its first window), not at its end (another window): a request in the first
     window then finds its prefix cached, and its answer equals its plan computed cold."""
-    from efim_local.engine.background import top_steps
     from efim_local.engine.decode import drive
 
     text, path = "".join(DOCS), "opened.py"  # about three slots' worth
     engine.forget(path)
     engine.clear_slots()
-    drive(top_steps(engine, path, text))
+    drive(engine.growth.top_steps(path, text))
     cur = text.index("\n", 1500) + 1
     req = CompletionRequest(text, cur, path=path, layout="efim", max_tokens=4, heal=False)
     out = engine.complete(req)
@@ -412,17 +410,17 @@ def test_a_plan_lacking_prefix_lines_takes_them_as_soon_as_they_are_grown(engine
     top, cur = text.index("\n", 2500) + 1, text.index("\n", 2800) + 1
     engine.complete(CompletionRequest(text, top, path=path, layout="efim", max_prompt_ms=0, max_tokens=2))
     used = []
-    fit = run_mod.fit_budget
+    fit = engine.runner.fit_budget
 
     def key(ch):  # a keystroke at the cursor, within a 40 ms budget (40 new tokens)
         nonlocal text, cur
         text, cur = text[:cur] + ch + text[cur:], cur + 1
         req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=40, max_tokens=4, heal=False)
-        run_mod.fit_budget = lambda e, r, p: used.append(fit(e, r, p)) or used[-1]
+        engine.runner.fit_budget = lambda r, p: used.append(fit(r, p)) or used[-1]
         try:
             return engine.complete(req)
         finally:
-            run_mod.fit_budget = fit
+            del engine.runner.fit_budget  # (the method again)
 
     for ch in "value = compute(alpha, beta) + offset * scale_factor":  # more than half the budget buys
         out = key(ch)
@@ -496,8 +494,6 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
     eighth of the room would take more than policy.near_max_ms, a sixteenth is grown first, and a keystroke
     has it cached (answering as from the same plan computed cold); where none would fit in time,
     there is no near window."""
-    from efim_local.engine import background
-
     text, path = DOCS[1], "near-slow.py"
     pl = engine.planner
     eighth = pl.space(engine.config.max_tokens) // 8
@@ -528,11 +524,11 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
         anchor = engine.session(path).anchor
         assert pl.near == 16 and anchor.reduced and anchor.inner
         full = pl.full_anchor(anchor)
-        near = background.near_plan(engine, pl, path, full, anchor)
+        near = engine.growth.near_plan(pl, path, full, anchor)
         assert near is not None and len(near.prefix_tokens) <= eighth // 2
         # A plan whose cached head from the window's top holds a few near windows grows the window.
         headed = replace(anchor, head=engine.policy.head_over_near * len(near.prefix_tokens))
-        assert anchor.base == 0 and background.near_plan(engine, pl, path, full, headed) is None
+        assert anchor.base == 0 and engine.growth.near_plan(pl, path, full, headed) is None
         stable = pl.stable_tokens("efim", near, engine.session(path).typed)
         peek = lambda toks: engine.reuse.peek(np.asarray(toks, np.int32))
         t0 = engine.policy.clock()
@@ -555,7 +551,7 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
         far = text.index("\n", 3000) + 1
         engine.complete(CompletionRequest(text, far, path=path, layout="efim", max_prompt_ms=ms * 12, max_tokens=2))
         there = engine.session(path).anchor
-        far_near = lambda: background.near_plan(engine, pl, path, pl.full_anchor(there), there)
+        far_near = lambda: engine.growth.near_plan(pl, path, pl.full_anchor(there), there)
         state.near_until = engine.policy.clock() + 60
         assert far_near() is None
         state.near_until = 0.0

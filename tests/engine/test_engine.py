@@ -223,10 +223,10 @@ def test_token_healing(tiny_model, typed):
 
 def test_status_describes_the_model_with_its_real_size(tiny_model):
     """Not llama.cpp's size class ("?B", or "1B" for a 0.5B): the GGUF's size label, else the count."""
-    from efim_local.engine.models import _count, describe
+    from efim_local.engine.models import count_label, describe
 
     with Engine(small_config(), tiny_model) as e:
         d = describe(e.model)
         assert "?" not in d and d.endswith(e.model.description().split(" ", 2)[2])
-        assert f"{_count(e.model.n_params)} parameters" in d and e.status()["description"] == d
-    assert [_count(n) for n in (2_400_000, 494_000_000, 1_540_000_000, 950)] == ["2.4M", "494M", "1.5B", "950"]
+        assert f"{count_label(e.model.n_params)} parameters" in d and e.status()["description"] == d
+    assert [count_label(n) for n in (2_400_000, 494_000_000, 1_540_000_000, 950)] == ["2.4M", "494M", "1.5B", "950"]

@@ -87,7 +87,6 @@ def test_a_request_stops_the_continuation_computed_ahead(engine):
     """The continuation computed ahead is background work: a request that comes stops its decode
     (the token is dropped, the trail and the slot stay consistent), and it goes on later to the same
     tokens."""
-    from efim_local.engine.instant import ahead_steps
     from efim_local.errors import Interrupted
 
     doc, cur = doc_at(3, 1500)
@@ -100,10 +99,10 @@ def test_a_request_stops_the_continuation_computed_ahead(engine):
     try:
         engine.ctx.interrupt()  # a request came
         with pytest.raises(Interrupted):
-            next(ahead_steps(engine, "ahead.py"))
+            next(engine.trail.ahead_steps("ahead.py"))
         assert s.ids == before
         engine.interruptible(True)  # the next background step
-        steps = ahead_steps(engine, "ahead.py")
+        steps = engine.trail.ahead_steps("ahead.py")
         next(steps)
         steps.close()
     finally:

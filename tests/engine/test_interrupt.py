@@ -140,12 +140,12 @@ def test_idle_chunks_grow_in_a_quiet_spell(tiny_model):
     with Engine(small_config(idle_chunk_ms=50, idle_chunk_tokens=64), tiny_model) as e:
         e.speed = PrefillSpeed.fixed(5.0)  # 5 ms a token
         e.active_at = time.perf_counter()
-        assert e.idle_chunk(0) == 10
+        assert e.growth.idle_chunk(0) == 10
         assert e.patience_s == pytest.approx(0.05)
         e.active_at -= 0.4  # 400 ms of quiet: chunks of about 200 ms
-        assert 38 <= e.idle_chunk(0) <= 40
+        assert 38 <= e.growth.idle_chunk(0) <= 40
         e.active_at -= 10
-        assert e.idle_chunk(0) == 64
+        assert e.growth.idle_chunk(0) == 64
         assert e.patience_s == pytest.approx(0.05)  # the usual chunk's time, for Engine.interrupt
 
 
@@ -162,9 +162,9 @@ def test_idle_chunks_fill_the_window_a_keystroke_opens(tiny_model):
         now = time.perf_counter()
         e.pace = taught(0.15, now)  # an editor with a 150 ms debounce
         e.active_at = now
-        assert e.idle_chunk(0) == 10  # no keystroke since the last request: the usual chunk
+        assert e.growth.idle_chunk(0) == 10  # no keystroke since the last request: the usual chunk
         e.pace.typed(time.perf_counter())
-        assert 20 <= e.idle_chunk(0) <= 27  # 90% of the ~150 ms left, 5 ms a token
+        assert 20 <= e.growth.idle_chunk(0) <= 27  # 90% of the ~150 ms left, 5 ms a token
         assert e.patience_s == pytest.approx(0.05)
         e.pace.typed(time.perf_counter() - 0.13)  # 20 ms left: the usual chunk, never less
-        assert e.idle_chunk(0) == 10
+        assert e.growth.idle_chunk(0) == 10

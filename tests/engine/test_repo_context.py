@@ -11,7 +11,6 @@ import pytest
 
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.decode import drive
-from efim_local.engine.repobuild import rebuild_steps
 from efim_local.engine.repoctx import CHARS_PER_TOKEN, LEAD_S, imports_fingerprint
 from efim_local.engine.speed import PrefillSpeed
 from efim_local.repo import TierLimits
@@ -50,7 +49,7 @@ def lead_text(engine, path: Path) -> str:
 def settle(engine, path: Path):
     """What the daemon does after a request, while idle: rebuild the file's context if stale."""
     if engine.repo.stale(str(path)):
-        drive(rebuild_steps(engine, str(path)))
+        drive(engine.repo_build.rebuild_steps(str(path)))
 
 
 def test_the_lead_is_a_stable_head_shared_by_the_project_and_never_prefilled_by_a_keystroke(engine, reference, repo):

@@ -240,7 +240,6 @@ def test_a_request_stops_a_background_prompt_batch_inside_it(scheduler, engine, 
     later, and the answers equal their plans computed cold. (The request is submitted inside a
     step, right before a batch whose polls ignore it: so the batch is sure to be running when the
     request comes, as when a keystroke lands in the middle of one.)"""
-    from efim_local.engine import background
     from efim_local.errors import Interrupted
 
     rec = Recorder()
@@ -249,7 +248,7 @@ def test_a_request_stops_a_background_prompt_batch_inside_it(scheduler, engine, 
     req = request(5, 800, 4)
 
     def task(engine, should_stop):
-        steps = background.prefill_steps(engine, bg.path, bg.text, bg.cursor, lambda: False)
+        steps = engine.growth.prefill_steps(bg.path, bg.text, bg.cursor, lambda: False)
         n = 0
         try:
             while True:
@@ -266,14 +265,13 @@ def test_a_request_stops_a_background_prompt_batch_inside_it(scheduler, engine, 
             raise
         finished.set()
 
-    old_chunk = engine.idle_chunk
-    engine.idle_chunk = lambda n_ctx: 256
+    engine.growth.idle_chunk = lambda n_ctx: 256
     try:
         scheduler.add_background(task, key="bg", path=bg.path)
         rec.wait("R")
         assert finished.wait(TIMEOUT)
     finally:
-        engine.idle_chunk = old_chunk
+        del engine.growth.idle_chunk  # (the method again)
     assert seen == [2], "the batch running when the request came must stop"
     assert "interrupted" in scheduler.spent  # the status's engine_time_s says what was lost
     assert rec.results["R"][1] is None

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from efim_local.engine import background, drafts
+from efim_local.engine import drafts
+from efim_local.engine.background import Growth
 from efim_local.engine.cpu import FreeCores
 from efim_local.engine.decode import Decoder
 from efim_local.engine.engine import Engine
@@ -154,34 +155,34 @@ def test_an_idle_chunk_fills_the_window_before_the_next_request(clock, policy):
     e = fake_engine(policy)
     teach(e.pace, clock, 0.25, 8)
     e.active_at = clock()
-    assert background.idle_chunk(e, 0) == 10  # no keystroke since the last request: the usual 50 ms
+    assert Growth(e).idle_chunk(0) == 10  # no keystroke since the last request: the usual 50 ms
     assert e.patience_s == 0.05
     e.pace.typed()
-    assert background.idle_chunk(e, 0) == 45  # 0.9 * 250 ms
+    assert Growth(e).idle_chunk(0) == 45  # 0.9 * 250 ms
     clock.advance(0.125)
-    assert background.idle_chunk(e, 0) == 22  # 0.9 * 125 ms
+    assert Growth(e).idle_chunk(0) == 22  # 0.9 * 125 ms
     clock.advance(0.0625)
-    assert background.idle_chunk(e, 0) == 11  # 0.9 * 62.5 ms
+    assert Growth(e).idle_chunk(0) == 11  # 0.9 * 62.5 ms
     clock.advance(0.03125)
-    assert background.idle_chunk(e, 0) == 10  # 28 ms: the usual chunk, never less
+    assert Growth(e).idle_chunk(0) == 10  # 28 ms: the usual chunk, never less
 
 
 def test_an_idle_chunk_grows_with_the_quiet(clock, policy):
     e = fake_engine(policy, active_at=clock())
-    assert background.idle_chunk(e, 0) == 10
+    assert Growth(e).idle_chunk(0) == 10
     clock.advance(0.25)
-    assert background.idle_chunk(e, 0) == 25  # quiet_share (0.5) of 250 ms of quiet
+    assert Growth(e).idle_chunk(0) == 25  # quiet_share (0.5) of 250 ms of quiet
     clock.advance(10)
-    assert background.idle_chunk(e, 0) == 64  # idle_chunk_tokens at most
+    assert Growth(e).idle_chunk(0) == 64  # idle_chunk_tokens at most
     assert e.patience_s == 0.05  # the usual chunk's time, whatever the quiet
 
 
 def test_growth_riding_along_a_request_takes_most_of_the_debounce(clock, policy):
     e = fake_engine(policy)
-    assert background.riding_s(e) == 0.05  # no debounce known: idle_chunk_ms
+    assert Growth(e).riding_s() == 0.05  # no debounce known: idle_chunk_ms
     teach(e.pace, clock, 0.5, 8)
-    assert background.riding_s(e) == pytest.approx(0.45)  # window_share (0.9) of it
-    assert background.riding_chunk(e, 0) == 64  # 90 tokens' time: idle_chunk_tokens at most
+    assert Growth(e).riding_s() == pytest.approx(0.45)  # window_share (0.9) of it
+    assert Growth(e).riding_chunk(0) == 64  # 90 tokens' time: idle_chunk_tokens at most
 
 
 # -- the scheduler --------------------------------------------------------------------------------

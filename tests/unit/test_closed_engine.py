@@ -1,0 +1,37 @@
+"""The engine is closed (issue 40): no module-level function in efim_local/engine/ takes the engine
+as its first parameter. What an engine does is a method of the engine or of an object it builds and
+owns (``engine.growth``, ``engine.runner``, ``engine.status_report``, ...), never a free function
+that reaches into it. Read from the source (AST), nothing imported."""
+
+import ast
+from pathlib import Path
+
+import efim_local.engine
+
+ENGINE = Path(efim_local.engine.__file__).resolve().parent
+
+
+def engine_first(path: Path) -> list[str]:
+    """``file:line name`` of each module-level function of ``path`` whose first parameter is ``engine``."""
+    out = []
+    for node in ast.parse(path.read_text("utf-8"), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = [*node.args.posonlyargs, *node.args.args]
+            if params and params[0].arg == "engine":
+                out.append(f"{path.name}:{node.lineno} {node.name}")
+    return out
+
+
+def test_no_module_function_in_the_engine_takes_the_engine_first():
+    files = sorted(ENGINE.rglob("*.py"))
+    assert len(files) > 20  # (the package was found)
+    found = [hit for path in files for hit in engine_first(path)]
+    assert not found, ("functions that take the engine as their first parameter; make them methods of an "
+                       f"object the engine owns: {found}")
+
+
+def test_the_check_finds_such_a_function(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("def grow(engine, path):\n    pass\n\n\nclass C:\n    def m(self, engine):\n        pass\n\n\n"
+                   "def other(e, engine=None):\n    pass\n")
+    assert engine_first(src) == ["mod.py:1 grow"]
