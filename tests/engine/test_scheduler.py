@@ -141,7 +141,11 @@ def test_a_status_call_runs_between_background_steps_without_closing_the_task(sc
     """A light call (status: it only reads) is answered between two steps of a background task, which
     goes on where it was: a status bar polling every half second stopped the open file's warm each
     time (issue 39). A call that changes the engine still closes the task first."""
-    log, answers, finished = [], [], threading.Event()
+    log, finished = [], threading.Event()
+
+    def ask(name, light):  # each call's function logs on the engine thread, where it runs
+        threading.Thread(target=lambda: scheduler.call(lambda e: log.append(name), light=light)).start()
+        wait_until(lambda: scheduler.calls, TIMEOUT)  # queued while the task's step still runs
 
     def task(engine, should_stop):
         first = not log
@@ -150,12 +154,10 @@ def test_a_status_call_runs_between_background_steps_without_closing_the_task(sc
             for i in range(6):
                 log.append(("step", i))
                 if first and i == 2:
-                    threading.Thread(target=lambda: answers.append(scheduler.call(lambda e: "light", light=True))).start()
-                    wait_until(lambda: scheduler.calls, TIMEOUT)
+                    ask("light", True)
                 if first and i == 4:
-                    threading.Thread(target=lambda: answers.append(scheduler.call(lambda e: "heavy"))).start()
-                    wait_until(lambda: scheduler.calls, TIMEOUT)
-                assert not should_stop() or (first and i == 4)  # only the heavy call stops it
+                    ask("heavy", False)
+                log.append(("stop?", should_stop()))
                 yield "prefill"
         except Cancelled:
             log.append(("closed", i))
@@ -165,10 +167,10 @@ def test_a_status_call_runs_between_background_steps_without_closing_the_task(sc
 
     scheduler.add_background(task, key="bg")
     assert finished.wait(TIMEOUT)
-    wait_until(lambda: len(answers) == 2, TIMEOUT)
-    assert answers == ["light", "heavy"]
-    assert log[:7] == ["start", *[("step", i) for i in range(5)], ("closed", 4)], log
-    assert log[7] == "start" and log[-1] == "finished"
+    steps = lambda a, b, stop=False: [x for i in range(a, b) for x in (("step", i), ("stop?", stop))]
+    assert log[:16] == ["start", *steps(0, 3), "light", *steps(3, 4), ("step", 4), ("stop?", True), ("closed", 4),
+                        "heavy", "start", ("step", 0)], log
+    assert log[-1] == "finished"
 
 
 def test_background_work_waits_for_a_request_that_is_due(scheduler, engine):
