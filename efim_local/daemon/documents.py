@@ -1,7 +1,8 @@
 """Documents synced by editors (LSP-style didOpen / didChange / didClose).
 
 The text lives in the engine's per-file state (``engine/files.py``); this
-module applies the editors' edits to it. A batch of edits is applied outside
+module applies the editors' edits to it, and is the only writer of a document's fields there (text,
+version, open, edited): the engine thread writes the others. A batch of edits is applied outside
 the engine's global file lock (under a lock for its document only), through a
 line index, so one huge document never stalls the other clients.
 
@@ -13,6 +14,7 @@ first refusal's reason) until a didOpen sends its whole text again.
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 
 from ..engine.files import FileState, Files
@@ -127,7 +129,7 @@ class Documents:
                 if (f is None or not f.open) and self.files.n_open() >= self.limit:
                     raise InvalidParams(f"invalid params: more than {self.limit} open documents")
                 f = self.files.entry(path)
-                f.text, f.version, f.open = text, version, True
+                f.text, f.version, f.open, f.edited = text, version, True, time.monotonic()
                 self.refused.pop(path, None)
                 return f
 
@@ -173,7 +175,7 @@ class Documents:
                 raise
             with self.files.lock:
                 f = self.get(path)  # all changes or none
-                f.text, f.version = text, version
+                f.text, f.version, f.edited = text, version, time.monotonic()
                 self.files.entry(path)
                 return f
 

@@ -110,12 +110,13 @@ class Handlers:
         path = path_param(p)
         text = self.documents.text(path)
         cursor = param(p, "offset", int, lo=0, hi=len(text)) if "offset" in p else position(p, "position", text)
-        with self.engine.files.lock:
-            self.documents.get(path).cursor = cursor
+        # The cursor is planning's (the engine thread's, engine/files.py): noted there between two steps
+        # (light: background work goes on), before the idle prefill queued next.
+        self.worker.post(lambda engine: engine.files.note_cursor(path, cursor), light=True)
         self.warm_later(path, cursor)
         repo = self.engine.repo
         if repo is not None:  # a visited range (T2 of the project's other files); this file's T2 may be stale
-            repo.visit(path)
+            repo.visit(path, cursor)
             if repo.stale(path):
                 self.worker.repo_later(path)
         return {"path": path, "offset": cursor}

@@ -94,9 +94,9 @@ class Worker:
         Scheduler.call)."""
         return self.scheduler.call(fn, timeout, light)
 
-    def post(self, fn: Callable[[Engine], Any]) -> None:
-        """Run ``fn(engine)`` on the engine thread, without waiting."""
-        self.scheduler.post(fn)
+    def post(self, fn: Callable[[Engine], Any], light: bool = False) -> None:
+        """Run ``fn(engine)`` on the engine thread, without waiting (``light``: Scheduler.post)."""
+        self.scheduler.post(fn, light)
 
     def add_idle(self, task: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
         """Queue ``task(engine, should_stop)`` for idle time (it may return a generator of steps). A

@@ -56,7 +56,10 @@ class Decoder:
         self.interruptible = False  # background work's prompt batches: a request stops them mid-batch
         self.predict_ms = predict_ms  # (n_new, n_ctx) -> ms or None: the learned speed (when a batch will end)
         self.batch_span: tuple[float, float] | None = None  # (start, expected end) of the interruptible batch
-        self.stop_next = False  # a request came late in a batch: the next interruptible batch stops at once
+        # A request came late in a batch: the next interruptible batch stops at once. One writer each: the
+        # waking thread counts its asks (ask_stop_next), the engine thread the asks it has seen (arm).
+        self._stops_asked = 0
+        self._stops_seen = 0
         self._healer: Healer | None = None
         # Drafts (drafts.py): greedy generations verify drafted tokens in batches; the FIM markers
         # locate the suffix (its rejoin text ends an answer, drafted or not); free_cores() caps drafts.
@@ -64,6 +67,20 @@ class Decoder:
         self.markers = markers
         self.free_cores = free_cores  # () -> (free, all)
         self.draft_stats = drafts.DraftStats(self.policy)
+
+    @property
+    def stop_next(self) -> bool:
+        """Whether the next interruptible batch stops at once (asked since background work was armed)."""
+        return self._stops_asked != self._stops_seen
+
+    def ask_stop_next(self) -> None:
+        """(The waking thread, holding the scheduler's lock.) The next interruptible batch stops at once."""
+        self._stops_asked += 1
+
+    def arm(self) -> None:
+        """(The engine thread, holding the scheduler's lock.) Background work starts: the asks so far
+        are past."""
+        self._stops_seen = self._stops_asked
 
     @property
     def healer(self) -> Healer:

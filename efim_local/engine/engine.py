@@ -282,7 +282,7 @@ class Engine:
         """While ``on`` (the scheduler runs background work), prompt batches stop at :meth:`interrupt`."""
         self.decoder.interruptible = on
         if on:
-            self.decoder.stop_next = False
+            self.decoder.arm()
             self.ctx.clear_interrupt()
 
     def interrupt(self) -> None:
@@ -292,18 +292,23 @@ class Engine:
         it wastes less than dropping it. And unless the latest answer had little context
         (``policy.starved``) and no more than ``patience_s`` is left: then every batch of growth is worth
         more than the wait (on the 1.5B shape, interrupting cut the mean context from 15% to 4% of
-        the full plan). Either way the next batch stops at once."""
-        self.active_at = self.policy.clock()
+        the full plan). Either way the next batch stops at once.
+
+        It only asks (llama.cpp's abort flag, or the decoder's stop-next count) and reads the rest: the
+        engine thread notes the foreground work's time itself (``active_at``, Scheduler.run). The
+        decision is taken here, not where the engine thread reads the ask: a batch in progress is in
+        llama_decode, whose abort callback reads one byte."""
+        now = self.policy.clock()
         span = self.decoder.batch_span
         used, full = self.last_context
         starved = used < min(self.policy.starved, full)
         if span is None:
             wait = starved
         else:
-            left, whole = span[1] - self.active_at, span[1] - span[0]
+            left, whole = span[1] - now, span[1] - span[0]
             wait = left < (self.patience_s if starved else min(whole, self.patience_s) / 2)
         if wait:
-            self.decoder.stop_next = True
+            self.decoder.ask_stop_next()
             return
         self.ctx.interrupt()
 

@@ -63,9 +63,9 @@ class RepoBuild:
             return
         f = engine.files.get(path)
         rel = repo.rel(project, path)
-        if f is None or f.text is None or rel is None:
+        text = f.current if f is not None else None
+        if text is None or rel is None:
             return
-        text = f.text
         stamp = repo.stamp(project, path, text)
         extra = tuple((r, line) for p, line in stamp.defs if (r := repo.rel(project, p)) is not None)
         t0, t1 = yield from wait(repo.pool.submit(lambda: (ctx.t0(), ctx.t1(rel, text, extra))), should_stop)

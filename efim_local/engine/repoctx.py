@@ -248,11 +248,11 @@ class RepoLeads:
         session does not use it yet."""
         project = self.project_for(path)
         f = self.engine.files.get(path) if project is not None else None
-        if f is None or f.text is None:
+        if f is None or f.current is None:
             return False
         with self.lock:
             lead = self.leads.get(path)
-        if lead is None or lead.stamp != self.stamp(project, path, f.text):
+        if lead is None or lead.stamp != self.stamp(project, path, f.current):
             return True
         return (f.session is not None and f.session.lead != lead.tokens and len(lead.tokens) > 0
                 and self.unfit.get(path) != lead.tokens)
@@ -279,13 +279,14 @@ class RepoLeads:
             project.gen += 1
         return [p for p in self.engine.files.open_paths() if p != path and self.project_for(p) is project]
 
-    def visit(self, path: str | None) -> None:
-        """The user worked in ``path`` at its last cursor (a request that ended, a settled cursor):
-        its block joins T2 of the project's other files."""
+    def visit(self, path: str | None, cursor: int | None = None) -> None:
+        """The user worked in ``path`` at ``cursor`` (default: its last one; a request that ended, a
+        settled cursor): its block joins T2 of the project's other files."""
         project = self.project_for(path)
         f = self.engine.files.get(path) if project is not None else None
-        if f is not None and f.open and f.text is not None and f.cursor is not None:
-            project.recent.visit(path, f.text, f.cursor, f.version)
+        cursor = cursor if cursor is not None or f is None else f.cursor
+        if f is not None and f.open and f.text is not None and cursor is not None:
+            project.recent.visit(path, f.text, cursor, f.version)
 
     def set_definitions(self, path: str, locations) -> tuple[bool, int]:
         """The definitions the editor resolved for ``path`` ((absolute file, 0-based line) pairs; those

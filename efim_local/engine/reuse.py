@@ -123,10 +123,10 @@ class Reuse:
         spare.last_used, spare.used = src.last_used - 1e-3, src.used
 
     def used(self, path: str | None) -> float | None:
-        """When the user last used ``path`` (a request, an open, an edit: ``FileState.touched``), None
+        """When the user last used ``path`` (a request, an open, an edit: ``FileState.used``), None
         for a path the engine does not know (then now)."""
         f = self.files.get(path) if path else None
-        return f.touched if f is not None else None
+        return f.used if f is not None else None
 
     def drop_others(self, path: str, prompt: np.ndarray) -> None:
         """Empty the slots of ``path`` that share less than all of ``prompt`` (a plan superseded by
@@ -189,7 +189,7 @@ class Reuse:
             store.record(Hit("slot"))
             return keep
         f = self.files.get(path) if path else None
-        found = store.lookup(prompt, path, content_hash=lambda: content_hash(f.text if f else None),
+        found = store.lookup(prompt, path, content_hash=lambda: content_hash(f.current if f else None),
                              shrunk=want_sparse and self.sparse is not None)
         m = found.match
         if m is None or m.n < n_common + self.policy.restore_min_gain:
@@ -268,7 +268,7 @@ class Reuse:
         f = self.files.get(slot.path) if slot.path else None
         payload = kvblob.normalize(blob)
         partial = self.sparse.partial_npz(payload) if self.sparse and n >= self.sparse.min_tokens else None
-        self.store.put(toks[:n], payload, slot.path or "", content_hash(f.text if f else None), partial, keep)
+        self.store.put(toks[:n], payload, slot.path or "", content_hash(f.current if f else None), partial, keep)
 
     def flush(self) -> None:
         """Save dirty slots (after the response was sent, or when idle)."""

@@ -114,11 +114,16 @@ class Scheduler:
                 self._wake()
         return fut.result(timeout)
 
-    def post(self, fn: Callable) -> None:
-        """Run ``fn(engine)`` on the engine thread, without waiting."""
+    def post(self, fn: Callable, light: bool = False) -> None:
+        """Run ``fn(engine)`` on the engine thread, without waiting. A ``light`` one (a note of the
+        engine thread's state: a cursor) runs between two steps, neither stopping a background batch nor
+        closing its task."""
         with self.cond:
-            self.calls.append((fn, Future(), False))
-            self._wake()
+            self.calls.append((fn, Future(), light))
+            if light:
+                self.cond.notify()
+            else:
+                self._wake()
 
     def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
         """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
@@ -204,6 +209,7 @@ class Scheduler:
                 self.spent["held"] = self.spent.get("held", 0.0) + t - self.held_at
                 self.held_at = None
             if kind != "background" and not (kind == "call" and item[2]):
+                self.engine.active_at = t  # foreground work (idle chunks stay short right after: background.py)
                 self._close_background()  # a request or a call comes first: background work goes on later
                 self._spend("background", t)
                 t = self.clock()
