@@ -1,6 +1,6 @@
 """Per-file state, in one place: the document's text, its cursor and its planning session.
 
-One writer per field (tests/e2e/test_daemon.py records the writing thread of every field while a daemon
+One writer per field (tests/engine/test_one_writer.py records the writing thread of every field while a daemon
 serves opens, edits, cursor notes, requests and growth):
 
 - the **document** (``text``, ``version``, ``open``, ``edited``): the connection thread that applies the
