@@ -181,7 +181,7 @@ class Documents:
 
     def close(self, params: dict) -> None:
         path = path_param(params)
-        with self.files.lock:
+        with self.lock(path), self.files.lock:
             f = self.files.get(path)
             if f is not None:
                 f.open = False

@@ -6,7 +6,8 @@ serves opens, edits, cursor notes, requests and growth):
 - the **document** (``text``, ``version``, ``open``, ``edited``): the connection thread that applies the
   editor's didOpen/didChange/didClose (``daemon/documents.py``, one message at a time, under the
   document's lock and :attr:`Files.lock`). The editor's keystroke is applied before its completion
-  request is read on that same connection, so no hop to the engine thread delays it;
+  request is read on that same connection, so no hop to the engine thread delays it. (A document two
+  connections edit, or one closes that another opened, has their threads take turns under its lock.);
 - everything **planning** reads (``seen``, ``cursor``, ``touched``, ``near_until``, ``session`` and the
   :class:`FileSession` in it: anchor, typed text, lead, note): the engine thread alone (a daemon's
   cursor note is posted to it: ``Scheduler.post``).
