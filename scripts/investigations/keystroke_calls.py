@@ -93,7 +93,8 @@ with Client(tmp / "efim.sock", timeout=120) as c:
         time.sleep(0.5)
     ch = "q" if not first.get("text", "").startswith("q") else "z"
     recording = True
-    c.call("didChange", {"path": path, "version": 2, "contentChanges": [{"range": {"start": end, "end": end}, "text": ch}]})
+    edit = {"range": {"start": end, "end": end}, "text": ch}
+    c.call("didChange", {"path": path, "version": 2, "contentChanges": [edit]})
     out = c.call("complete", {"path": path, "position": {"line": end["line"], "character": 1}, "max_tokens": 16})
     recording, idle = False, True
     time.sleep(5.0)  # the idle work after the answer (its continuation, growth)
