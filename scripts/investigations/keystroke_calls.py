@@ -1,0 +1,120 @@
+"""How many distinct efim functions one keystroke on a warm slot passes through, from the socket to
+llama_decode and back, and how deep generators nest on the way (issue 40's acceptance measures).
+
+A daemon (the server and its engine) runs in this process on the bundled model; a client opens a
+file, asks for a completion at its end, waits until the daemon's idle work is done, then types one
+character the last answer did not start with (so the answer is computed, not typed through) and
+asks again. Only that last edit and request are traced: every Python call into efim_local on every
+thread (``threading.setprofile``, set before the daemon's threads start), the functions before the
+first ``llama_decode`` (``Context.decode``), and at each decode the number of generator frames
+on the engine thread's stack; then, for 5 s of the idle work that follows, that nesting only.
+
+    PYTHONPATH=. .venv/bin/python scripts/investigations/keystroke_calls.py
+"""
+
+import inspect
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+tmp = Path(tempfile.mkdtemp(prefix="efim-calls-"))
+for k in ("XDG_RUNTIME_DIR", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+    os.environ[k] = str(tmp / k.lower())
+    Path(os.environ[k]).mkdir(mode=0o700)
+
+import efim_local  # noqa: E402
+from efim_local.api import open_engine  # noqa: E402
+from efim_local.cli import build_config  # noqa: E402
+from efim_local.daemon.client import Client  # noqa: E402
+from efim_local.daemon.server import Server  # noqa: E402
+
+ROOT = str(Path(efim_local.__file__).parent)
+recording = False
+idle = False  # after the answer: only the nesting at each decode of the idle work that follows
+idle_nesting: list[int] = []
+calls: dict[str, set] = defaultdict(set)  # thread name -> {(file, function)}
+before_decode: set = set()
+decoded = False
+nesting: list[int] = []
+
+
+def generators(frame) -> int:
+    depth = 0
+    while frame is not None:
+        depth += bool(frame.f_code.co_flags & inspect.CO_GENERATOR)
+        frame = frame.f_back
+    return depth
+
+
+def profile(frame, event, arg):
+    global decoded
+    if not (recording or idle) or event != "call" or not frame.f_code.co_filename.startswith(ROOT):
+        return
+    code = frame.f_code
+    key = (os.path.relpath(code.co_filename, ROOT), code.co_qualname)
+    if idle:
+        if key == ("llama/context.py", "Context.decode"):
+            idle_nesting.append(generators(frame.f_back))
+        return
+    calls[threading.current_thread().name].add(key)
+    if key == ("llama/context.py", "Context.decode"):
+        decoded = True
+        nesting.append(generators(frame.f_back))
+    elif not decoded:
+        before_decode.add(key)
+
+
+threading.setprofile(profile)
+sys.setprofile(profile)
+
+text = Path(efim_local.__file__).with_name("config.py").read_text()[:6000]
+text = text[:text.rfind("\n", 0, len(text) - 200) + 1]
+server = Server(tmp / "efim.sock", watch=False)
+server.bind()
+engine = open_engine(build_config())
+server.attach(engine)
+threading.Thread(target=server.serve_forever, name="accept", daemon=True).start()
+
+with Client(tmp / "efim.sock", timeout=120) as c:
+    path = str(tmp / "doc.py")
+    c.call("didOpen", {"path": path, "text": text, "version": 1})
+    end = {"line": text.count("\n"), "character": 0}
+    first = c.call("complete", {"path": path, "position": end, "max_tokens": 16})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        st = c.call("status")
+        if not st.get("idle_tasks") and not st.get("queued"):
+            break
+        time.sleep(0.5)
+    ch = "q" if not first.get("text", "").startswith("q") else "z"
+    recording = True
+    edit = {"range": {"start": end, "end": end}, "text": ch}
+    c.call("didChange", {"path": path, "version": 2, "contentChanges": [edit]})
+    out = c.call("complete", {"path": path, "position": {"line": end["line"], "character": 1}, "max_tokens": 16})
+    recording, idle = False, True
+    time.sleep(5.0)  # the idle work after the answer (its continuation, growth)
+    idle = False
+
+server.stop()
+engine_thread = next((n for n in calls if "engine" in n.lower()), None)
+everything = set().union(*calls.values())
+report = {
+    "answer": {k: out.get(k) for k in ("source", "cache_tier", "tokens")},
+    "distinct_functions": len(everything), "files": len({f for f, _ in everything}),
+    "per_thread": {n: len(s) for n, s in calls.items()},
+    "engine_thread": engine_thread,
+    "before_first_decode": len(before_decode), "files_before_first_decode": len({f for f, _ in before_decode}),
+    "decodes": len(nesting), "max_generator_nesting": max(nesting, default=0),
+    "idle_decodes_5s": len(idle_nesting), "max_generator_nesting_idle": max(idle_nesting, default=0),
+}
+print(json.dumps(report, indent=1))
+if "-v" in sys.argv:
+    for n, s in calls.items():
+        print(f"\n{n}:")
+        for f, q in sorted(s):
+            print(f"  {f}: {q}")
