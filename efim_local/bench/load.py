@@ -96,13 +96,7 @@ def hammer(cfg: LoadConfig, sock: Path, pid: int, progress: bool) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(cfg.clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = bu.run_threads([threading.Thread(target=client, args=(i,)) for i in range(cfg.clients)])
     bar.close()
     stop_sampling.set()
     end_rss = rss_kb(pid)
@@ -143,9 +137,7 @@ def run(cfg: LoadConfig, log=print) -> dict:
             c.call("shutdown")
         proc.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(60)
+        bu.end_daemon(proc)
     mismatches = cold_replays(cfg, model, template, h["sent"], log is not None)
     replayed = sum(reply is not None for *_, reply in h["sent"])
 

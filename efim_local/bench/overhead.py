@@ -48,9 +48,7 @@ def run(cfg: OverheadConfig, log=print) -> dict:
             c.call("shutdown")
         proc.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(60)
+        bu.end_daemon(proc)
 
     share = [r["overhead"] / r["rtt"] for r in rows]
     p50 = lambda key: bu.pctl([r[key] for r in rows], 0.5)  # noqa: E731

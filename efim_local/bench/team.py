@@ -98,13 +98,7 @@ def run_layout(pool: Pool, prompts: dict[str, list[list[int]]], max_tokens: int,
                              "cached": end.get("cached"), "generated": end.get("generated") or 0})
                 bar.update(1)
 
-    threads = [threading.Thread(target=user, args=item) for item in prompts.items()]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = bu.run_threads([threading.Thread(target=user, args=item) for item in prompts.items()])
     bar.close()
     return {"wall_s": wall, "rows": rows}
 

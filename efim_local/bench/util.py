@@ -121,6 +121,23 @@ def bench_model(name: str) -> tuple[Path, str | None]:
     return Path(name), None
 
 
+def end_daemon(proc) -> None:
+    """Terminate a benchmark's daemon that is still running (after its shutdown, or a failure)."""
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(60)
+
+
+def run_threads(threads) -> float:
+    """Start ``threads`` together, wait for them all; the wall time in seconds."""
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | None = None,
                  home: Path | None = None):
     """Start `efim serve` on a private socket; returns (process, socket path) once it answers.
