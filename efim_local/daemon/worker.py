@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engine import CompletionRequest, Engine
-from ..engine.run import greedy
 from ..engine.scheduler import Scheduler
 from ..engine.tasks import RequestTask
 from ..errors import Busy, Cancelled, EfimError, InternalError, internal
@@ -44,7 +43,7 @@ class Worker:
     def __init__(self, engine: Engine, queue_size: int = 16):
         self.thread: threading.Thread | None = None
         self.engine = engine
-        self.scheduler = Scheduler(engine, queue_size)
+        self.scheduler = Scheduler(engine, queue_size, follow_up=True)
         self.served = 0
         self.errors = 0
         self.stats = RequestStats(engine.default_layout, engine.layout_reason)  # log lines, latencies, hit rates
@@ -116,55 +115,22 @@ class Worker:
 
     # -- the engine thread -----------------------------------------------------------
     def _done(self, job: Job, out, err: BaseException | None) -> None:
-        """A request ended: reply, count, and grow its plan later if the budget reduced it."""
+        """A request ended: reply and count (the engine queues the file's follow-up work itself)."""
         conn, rid = job.conn, job.rid
-        try:
-            if err is None:
-                self.served += 1
-                answer = out.to_json()
-                conn.send(reply(rid, answer))
-                self.stats.record(job.request.path, answer)
-                return
-            if not isinstance(err, EfimError):
-                self.errors += 1
-                if isinstance(err, Exception):
-                    log.error("completion failed", exc_info=err)
-            elif err.code not in (Cancelled.code, Busy.code) and err.exit_code != 2:
-                self.errors += 1
-            conn.send(error(rid, internal(err)))
-        finally:  # (queued in this order, the file's background work runs: repo, ahead, ..., grow)
-            if err is None and greedy(job.request.how):
-                self._ahead_later(job.request.path)
-            self._grow_later(job.request.path)
-            self._repo_check(job.request.path)
-
-    def _ahead_later(self, path: str) -> None:
-        """While the answer is shown, extend its greedy continuation (the next completion after an
-        accept): first among the file's background work but a repository rebuild."""
-        self.add_idle(lambda engine, should_stop: engine.trail.ahead_steps(path, should_stop), key=("ahead", path),
-                      path=path, first=True)
-
-    def _repo_check(self, path: str | None) -> None:
-        """After a request: rebuild the file's repository context if its imports or the project changed."""
-        try:
-            if self.engine.repo is not None:
-                self.engine.repo.visit(path)  # where the user works: T2 of the project's other files
-                if self.engine.repo.stale(path):
-                    self.repo_later(path, first=True)
-        except Exception:  # noqa: BLE001 - optional work never fails the engine thread
-            log.exception("repository context check failed")
+        if err is None:
+            self.served += 1
+            answer = out.to_json()
+            conn.send(reply(rid, answer))
+            self.stats.record(job.request.path, answer)
+            return
+        if not isinstance(err, EfimError):
+            self.errors += 1
+            if isinstance(err, Exception):
+                log.error("completion failed", exc_info=err)
+        elif err.code not in (Cancelled.code, Busy.code) and err.exit_code != 2:
+            self.errors += 1
+        conn.send(error(rid, internal(err)))
 
     def repo_later(self, path: str, first: bool = False) -> None:
-        """(Re)compute the repository context of ``path`` and switch its plan to it, while idle
-        (engine/repoctx.py): the old plan serves until the new one is prefilled. ``first`` (after a
-        request): before the file's growth, which would grow a plan about to be replaced, and would
-        starve the rebuild while the user types."""
-        self.add_idle(lambda engine, should_stop: engine.repo_build.rebuild_steps(path, should_stop),
-                      key=("repo", path), path=path, first=first)
-
-    def _grow_later(self, path: str | None) -> None:
-        """If the budget cut the context of ``path``'s plan, grow it back while idle. Answered or not:
-        most requests are cancelled by the next keystroke, and their plan is the next one's."""
-        if self.engine.reduced(path):
-            self.add_idle(lambda engine, should_stop: engine.growth.grow_steps(path, should_stop), key=("grow", path),
-                          path=path)
+        """(Re)compute the repository context of ``path`` while idle (``FollowUp.repo_later``)."""
+        self.scheduler.follow.repo_later(path, first)

@@ -15,6 +15,9 @@ thread takes one step at a time and picks the next by priority:
    cursor); a background task is closed as soon as a request or a call comes, and queued again;
 5. after a quiet spell, saving dirty slots.
 
+A request that ends queues its file's follow-up work (``followup.py``) when the scheduler is built
+with ``follow_up`` (the daemon's is): the engine decides what runs after a request, not its caller.
+
 The waits (the grace before idle work, the quiet before a save, holding idle work for a request that
 is due) are the engine's policy (``policy.py``), on its clock (tests/unit/test_policy.py: a fake one).
 
@@ -36,6 +39,7 @@ from typing import Any, Callable
 from ..errors import Busy, Cancelled, Interrupted
 from .background import Alongside
 from .decode import PREFILL, SHOWN
+from .followup import FollowUp
 from .run import RunOptions
 from .tasks import BackgroundTask, RequestTask
 
@@ -45,7 +49,9 @@ log = logging.getLogger("efim.engine")
 class Scheduler:
     """The engine's queues and the loop that runs them (see the module's docstring)."""
 
-    def __init__(self, engine, queue_size: int = 16):
+    def __init__(self, engine, queue_size: int = 16, follow_up: bool = False):
+        """``follow_up``: each request queues its file's follow-up work (``followup.py``: the answer's
+        continuation, growth, the repository context), as the daemon's engine does."""
         self.engine = engine
         self.policy = engine.policy  # its waits (save_delay, idle_grace, hold_share) and its clock
         self.clock = self.policy.clock  # (a RequestTask's queued_at is of this clock)
@@ -62,6 +68,7 @@ class Scheduler:
         self.idle_at = 0.0
         self.held_at: float | None = None  # since when idle work waits for a request that is due
         self.spent: dict[str, float] = {}  # engine seconds by kind of work (status: where the time goes)
+        self.follow = FollowUp(self) if follow_up else None
 
     def _spend(self, kind: str, since: float) -> None:
         self.spent[kind] = self.spent.get(kind, 0.0) + self.clock() - since
@@ -325,6 +332,8 @@ class Scheduler:
             task.done(out, err)
         except Exception:  # noqa: BLE001 - a reply that cannot be sent never stops the engine
             log.exception("answering a request failed")
+        if self.follow is not None:  # (after the reply: it never waits for this)
+            self.follow.after(task.request, err is None)
 
     def _background_step(self) -> None:
         """One step of background work: the started task, else the next (the latest file's first)."""
