@@ -35,26 +35,34 @@ class Generated:
     t_first: float | None
 
 
+@dataclass(frozen=True)
+class Links:
+    """What the decoder asks of its engine. ``observe(n_new, n_ctx, ms)`` learns from every prefill
+    batch (the latency budget's speed); ``predict_ms(n_new, n_ctx)``: the learned speed, ms or None
+    (when a batch will end); ``fit()``: called before every decode (automatic threads follow the
+    load: engine/cpu.py); ``markers``: the FIM markers that locate the suffix for drafts (drafts.py),
+    which ``free_cores()`` (free, all) caps."""
+
+    observe: Callable | None = None
+    predict_ms: Callable | None = None
+    fit: Callable | None = None
+    markers: object = None
+    free_cores: Callable | None = None
+
+
 class Decoder:
     """Drives ``llama_decode`` for one slot at a time (the engine thread only)."""
 
     def __init__(self, model: Model, ctx: Context, batch: Batch, slots: SlotManager, stop_tokens: frozenset[int],
-                 observe=None, policy: Policy | None = None, *, predict_ms=None, fit=None, drafting: bool = True,
-                 markers=None, free_cores=None):
-        """``observe(n_new, n_ctx, ms)`` learns from every prefill batch (the latency budget's speed);
-        ``policy``: the drafts' knobs and the clock that times batches (the speed, interrupts);
-        ``predict_ms(n_new, n_ctx)``: the learned speed, ms or None (when a batch will end); ``fit()``:
-        called before every decode (automatic threads follow the load: engine/cpu.py); ``drafting``:
-        whether greedy generations verify drafts (drafts.py), which the FIM ``markers`` locate the
-        suffix for and ``free_cores()`` caps."""
+                 policy: Policy | None = None, links: Links = Links(), drafting: bool = True):
+        """``policy``: the drafts' knobs and the clock that times batches (the speed, interrupts);
+        ``links``: what it asks of its engine; ``drafting``: whether greedy generations verify drafts."""
         self.policy = Policy() if policy is None else policy
         self.clock = self.policy.clock
         self.model, self.ctx, self.batch, self.slots = model, ctx, batch, slots
         self.stop_tokens = stop_tokens
-        self.observe = observe
-        self.fit = fit  # called before every decode: automatic threads follow the load (engine/cpu.py)
+        self.observe, self.fit, self.predict_ms = links.observe, links.fit, links.predict_ms
         self.interruptible = False  # background work's prompt batches: a request stops them mid-batch
-        self.predict_ms = predict_ms  # (n_new, n_ctx) -> ms or None: the learned speed (when a batch will end)
         self.batch_span: tuple[float, float] | None = None  # (start, expected end) of the interruptible batch
         # A request came late in a batch: the next interruptible batch stops at once. One writer each: the
         # waking thread counts its asks (ask_stop_next), the engine thread the asks it has seen (arm).
@@ -64,8 +72,7 @@ class Decoder:
         # Drafts (drafts.py): greedy generations verify drafted tokens in batches; the FIM markers
         # locate the suffix (its rejoin text ends an answer, drafted or not); free_cores() caps drafts.
         self.drafting = drafting
-        self.markers = markers
-        self.free_cores = free_cores  # () -> (free, all)
+        self.markers, self.free_cores = links.markers, links.free_cores
         self.draft_stats = drafts.DraftStats(self.policy)
 
     @property

@@ -26,7 +26,7 @@ from ..request import CompletionRequest, Options
 from . import background, tokenizing
 from .completion import Completion
 from .cpu import FreeCores
-from .decode import Decoder, drive
+from .decode import Decoder, Links, drive
 from .files import Files
 from .instant import Instant, Trail, model_key
 from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind, remote_heal
@@ -121,12 +121,13 @@ class Engine:
             # fallback) learn their own, which the budget does not ask.
             observe = ((lambda n, c, ms: self.speed.observe(n, c, ms)) if self.remote is None
                        else PrefillSpeed(policy=policy).observe)
-            self.decoder = Decoder(
-                self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens, observe=observe, policy=policy,
-                predict_ms=lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None,
-                fit=self.fit_threads,  # per decode: one long answer adapts too
-                drafting=config.drafts, markers=self.template.markers,
-                free_cores=lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1))
+            links = Links(observe=observe,
+                          predict_ms=lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None,
+                          fit=self.fit_threads,  # per decode: one long answer adapts too
+                          markers=self.template.markers,
+                          free_cores=lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1))
+            self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens, policy,
+                                   links, drafting=config.drafts)
             self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
             self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
             self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes

@@ -41,7 +41,7 @@ from .background import Alongside
 from .decode import PREFILL, SHOWN
 from .followup import FollowUp
 from .run import RunOptions
-from .tasks import BackgroundTask, RequestTask
+from .tasks import BackgroundQueue, BackgroundTask, RequestTask
 
 log = logging.getLogger("efim.engine")
 
@@ -60,8 +60,7 @@ class Scheduler:
         self.waiting: deque[RequestTask] = deque()
         self.running: list[RequestTask] = []  # started, in the order they take turns
         self.calls: deque[tuple[Callable, Future, bool]] = deque()  # (fn, its future, light)
-        self.background: deque[BackgroundTask] = deque()
-        self.current: BackgroundTask | None = None  # the background task that has started
+        self.background = BackgroundQueue(self.cond)
         self.stopping = False
         self.last_path: str | None = None
         self.save_at: float | None = None
@@ -112,6 +111,12 @@ class Scheduler:
         (status): it runs between two background batches, neither stopping one nor closing the task
         (a status bar that polls every half second stopped the open file's warm each time, and it
         never got past its first batch)."""
+        return self.post(fn, light).result(timeout)
+
+    def post(self, fn: Callable, light: bool = False) -> Future:
+        """Run ``fn(engine)`` on the engine thread, without waiting; its future. A ``light`` one (it
+        only reads, or notes the engine thread's own state: a cursor) runs between two steps, neither
+        stopping a background batch nor closing its task."""
         fut: Future = Future()
         with self.cond:
             self.calls.append((fn, fut, light))
@@ -119,38 +124,20 @@ class Scheduler:
                 self.cond.notify()
             else:
                 self._wake()
-        return fut.result(timeout)
-
-    def post(self, fn: Callable, light: bool = False) -> None:
-        """Run ``fn(engine)`` on the engine thread, without waiting. A ``light`` one (a note of the
-        engine thread's state: a cursor) runs between two steps, neither stopping a background batch nor
-        closing its task."""
-        with self.cond:
-            self.calls.append((fn, Future(), light))
-            if light:
-                self.cond.notify()
-            else:
-                self._wake()
+        return fut
 
     def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
         """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
         is replaced (the newer one knows better, e.g. the cursor moved again); ``first`` queues it
         before the others (the continuation of a shown answer: the user may take it any moment)."""
         with self.cond:
-            if key is not None:
-                for old in [w for w in self.background if w.key == key]:
-                    self.background.remove(old)
-            task = BackgroundTask(key, fn, path)
-            if first:
-                self.background.appendleft(task)
-            else:
-                self.background.append(task)
+            self.background.add(BackgroundTask(key, fn, path), first)
             self.cond.notify()
 
     def pending_background(self) -> int:
         """Background tasks queued or started."""
         with self.cond:
-            return len(self.background) + (self.current is not None)
+            return len(self.background)
 
     def queued(self) -> int:
         with self.cond:
@@ -175,7 +162,7 @@ class Scheduler:
         """The started requests, taken away (the engine thread died: the caller answers them)."""
         with self.cond:
             tasks, self.running = self.running, []
-            self.current = None
+            self.background.current = None
         for t in tasks:
             try:
                 if t.steps is not None:
@@ -268,7 +255,7 @@ class Scheduler:
     def _idle_due(self, now: float) -> tuple[bool | None, float | None]:
         """(Holding the lock, no foreground work.) What idle time is for at ``now``: (False: background
         work, True: a save, None: nothing yet), and while nothing is, how long to wait (None: until woken)."""
-        ready = self.background or self.current is not None
+        ready = len(self.background) > 0
         if ready and now >= self.idle_at:
             return False, None
         if self.save_at is not None and now >= self.save_at:
@@ -339,14 +326,9 @@ class Scheduler:
         """One step of background work: the started task, else the next (the latest file's first)."""
         t = self.clock()
         with self.cond:
-            if self.current is None:
-                if not self.background:
-                    return
-                first = next((t for t in self.background if t.path is not None and t.path == self.last_path),
-                             self.background[0])
-                self.background.remove(first)
-                self.current = first
-            task = self.current
+            task = self.background.start(self.last_path)
+            if task is None:
+                return
             if self.waits():
                 return  # foreground work came since the loop chose this
             now = self.clock()
@@ -363,21 +345,21 @@ class Scheduler:
                     raise StopIteration
             next(task.steps)
         except StopIteration:
-            self._drop_current()
+            self.background.drop()
         except Cancelled as e:  # a request came inside a batch or while it tokenized: go on later
             if isinstance(e, Interrupted):
                 self.spent["interrupted"] = self.spent.get("interrupted", 0.0) + e.lost_s
-            self._requeue_current()
+            self.background.requeue()
         except Exception:  # noqa: BLE001 - background work never takes the engine thread down
             log.exception("background work failed")
-            self._drop_current()
+            self.background.drop()
         finally:
             self.engine.interruptible(False)
             self._spend(f"idle_{task.key[0] if isinstance(task.key, tuple) else task.key}", t)
 
     def _close_background(self) -> None:
         """Stop the started background task (what it computed stays in its slot) and queue it again."""
-        task = self.current
+        task = self.background.current
         if task is None or task.steps is None:
             return
         try:
@@ -386,23 +368,9 @@ class Scheduler:
             pass
         except Exception:  # noqa: BLE001
             log.exception("background work failed")
-            self._drop_current()
+            self.background.drop()
             return
-        self._requeue_current()
-
-    def _requeue_current(self) -> None:
-        with self.cond:
-            task, self.current = self.current, None
-            if task is None:
-                return
-            task.steps = None
-            # unless a newer task took its place
-            if task.key is None or all(w.key != task.key for w in self.background):
-                self.background.appendleft(task)
-
-    def _drop_current(self) -> None:
-        with self.cond:
-            self.current = None
+        self.background.requeue()
 
     def _call(self, fn, fut: Future) -> None:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,3 +39,53 @@ class BackgroundTask:
     fn: Callable
     path: str | None = None  # the file it works for (the latest request's file goes first)
     steps: Any = None
+
+
+class BackgroundQueue:
+    """The background tasks waiting for idle time, and the one started (``current``), under the
+    scheduler's lock. A task with the same key as a queued one replaces it (the newer one knows
+    better, e.g. the cursor moved again); a started task that is stopped goes back first."""
+
+    def __init__(self, lock):
+        self.lock = lock
+        self.waiting: deque[BackgroundTask] = deque()
+        self.current: BackgroundTask | None = None
+
+    def add(self, task: BackgroundTask, first: bool = False) -> None:
+        """(Holding the lock.)"""
+        if task.key is not None:
+            for old in [w for w in self.waiting if w.key == task.key]:
+                self.waiting.remove(old)
+        if first:
+            self.waiting.appendleft(task)
+        else:
+            self.waiting.append(task)
+
+    def __len__(self) -> int:
+        """Tasks queued or started."""
+        return len(self.waiting) + (self.current is not None)
+
+    def start(self, path: str | None) -> BackgroundTask | None:
+        """(Holding the lock.) The started task, else the next one, ``path``'s first (the latest
+        request's file: it is nearest the cursor); None when there is none."""
+        if self.current is None and self.waiting:
+            first = next((t for t in self.waiting if t.path is not None and t.path == path), self.waiting[0])
+            self.waiting.remove(first)
+            self.current = first
+        return self.current
+
+    def requeue(self) -> None:
+        """The started task stops and goes back first (its work so far stays in its slot), unless a
+        newer task with its key took its place."""
+        with self.lock:
+            task, self.current = self.current, None
+            if task is None:
+                return
+            task.steps = None
+            if task.key is None or all(w.key != task.key for w in self.waiting):
+                self.waiting.appendleft(task)
+
+    def drop(self) -> None:
+        """The started task is done (or failed)."""
+        with self.lock:
+            self.current = None
