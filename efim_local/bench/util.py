@@ -153,6 +153,9 @@ def spawn_daemon(model: Path, template: str | None, *extra: str, config: dict | 
     tmp = home or Path(tempfile.mkdtemp(prefix="efim-bench-"))
     sock = tmp / "run" / "efim.sock"
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"))
+    # EFIM_BENCH_DAEMON_PYTHONPATH=another/checkout: that checkout's daemon, measured by this one's
+    # client (a before/after comparison on the same measurement code).
+    env["PYTHONPATH"] = os.environ.get("EFIM_BENCH_DAEMON_PYTHONPATH", env.get("PYTHONPATH", ""))
     if env.get("PYTHONPATH"):  # made absolute: the daemon runs in ``tmp``
         env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in env["PYTHONPATH"].split(os.pathsep) if p)
     if config:

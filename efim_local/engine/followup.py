@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from ..errors import Cancelled
 from ..request import CompletionRequest
 from .run import greedy
 
@@ -19,21 +20,25 @@ class FollowUp:
         self.scheduler = scheduler
         self.engine = scheduler.engine
 
-    def after(self, req: CompletionRequest, answered: bool) -> None:
-        """A request ended (engine thread), answered or not: most are cancelled by the next keystroke,
-        and their plan is the next one's."""
+    def after(self, req: CompletionRequest, err: BaseException | None) -> None:
+        """A request ended (engine thread), answered (``err`` None) or not: most are cancelled by the
+        next keystroke, and their plan is the next one's."""
         path = req.path
-        if answered and greedy(req.how):
-            self.ahead_later(path)
+        answered = err is None
+        if greedy(req.how) and (answered or isinstance(err, Cancelled)):
+            # Cancelled too: the keys that cancel an answer mostly type its first characters, and the
+            # request after the next pause types through its trail (instant.py); a few tokens do.
+            self.ahead_later(path, None if answered else self.engine.policy.ahead_cancelled)
         if self.engine.reduced(path):
             self.scheduler.add_background(lambda engine, should_stop: engine.growth.grow_steps(path, should_stop),
                                           key=("grow", path), path=path)
         self.repo_check(path)
 
-    def ahead_later(self, path: str) -> None:
+    def ahead_later(self, path: str, limit: int | None = None) -> None:
         """While the answer is shown, extend its greedy continuation (the next completion after an
-        accept): first among the file's background work but a repository rebuild."""
-        self.scheduler.add_background(lambda engine, should_stop: engine.trail.ahead_steps(path, should_stop),
+        accept; ``limit``: by at most so many tokens): first among the file's background work but a
+        repository rebuild."""
+        self.scheduler.add_background(lambda engine, should_stop: engine.trail.ahead_steps(path, should_stop, limit),
                                       key=("ahead", path), path=path, first=True)
 
     def repo_check(self, path: str | None) -> None:

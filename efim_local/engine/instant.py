@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import Cancelled
 from ..kv.prefix import common_prefix
 from ..llama import Sampler, SamplerParams
+from ..prompt import healing
 from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, TokenCounts
 
@@ -177,15 +178,15 @@ def cached_completion(hit: tuple, prompt: Prompt) -> Completion:
                       prompt=prompt)
 
 
-def healed(model, s: Shown) -> bool:
-    """Whether the trail has spelled out all of the text healed (then it goes on unconstrained)."""
+def heal_left(model, s: Shown) -> bytes:
+    """The text healed that the trail has not spelled out yet (the next tokens must spell it)."""
     rest = s.heal
     for tok in s.ids:
         if not rest:
             break
         piece = model.piece(tok)
         rest = rest[len(rest):] if piece.startswith(rest) else rest[len(piece):]
-    return not rest
+    return rest
 
 
 class Trail:
@@ -195,28 +196,37 @@ class Trail:
     def __init__(self, engine):
         self.engine = engine
 
-    def ahead_steps(self, path: str, should_stop=None):
+    def ahead_steps(self, path: str, should_stop=None, limit: int | None = None):
         """Extend ``path``'s trail from the KV's end while its answer is shown (background steps, one
         token each): the next completion after an accept is then known. Up to the answer's length plus
-        the request's max_tokens, or the end of generation; nothing when the slot lost the KV."""
+        the request's max_tokens (``limit``: at most so many more), or the end of generation; nothing
+        when the slot lost the KV."""
         engine = self.engine
         s = engine.instant.shown.get(path) if engine.instant is not None else None
-        if s is None or not healed(engine.model, s) or engine.remote is not None:  # remote: the trail is the server's
+        if s is None or engine.remote is not None:  # remote: the trail is the server's
             return
 
         target = min(s.n_answer + s.max_tokens, engine.config.context.n_ctx_seq - len(s.prompt) - 1)
+        if limit is not None:
+            target = min(target, len(s.ids) + limit)
         if len(s.ids) >= target or (s.ids and engine.instant.ends(s.ids[-1])):
             return
         slot, _ = engine.slots.pick(np.concatenate([s.prompt, np.asarray(s.ids, dtype=np.int32)]))
         if not keep_known(engine.ctx, slot, s.prompt, s.ids):
             return
         slot.touch(path, engine.reuse.used(path))  # (dated by the file's last use: SlotManager._loss)
+        heal = heal_left(engine.model, s)  # an answer cancelled before it spelled out the text healed
         with Sampler(SamplerParams()) as greedy:
             while len(s.ids) < target:
                 if should_stop is not None and should_stop():
                     raise Cancelled()
                 row = engine.decoder.logits_after(slot, s.prompt, s.ids)
-                tok = greedy.sample(engine.ctx, row)
+                if heal:  # as the decoder picks them (decode.py): the same trail as the answer's own
+                    tok = healing.pick(engine.ctx.logits(row), engine.decoder.healer.allowed(heal))
+                    piece = engine.model.piece(tok)
+                    heal = b"" if piece.startswith(heal) else heal[len(piece):]
+                else:
+                    tok = greedy.sample(engine.ctx, row)
                 s.ids.append(tok)
                 if engine.instant.ends(tok):
                     return

@@ -58,6 +58,12 @@ class Policy:
     stages: int = 8  # growth computes a plan's suffix in steps of an eighth of its context (a keystroke takes each)
     stage_min: int = 64  # tokens: the smallest stage
 
+    # -- the trail of an answer the next keystroke cancelled (FollowUp.after, Trail.ahead_steps) --
+    # Tokens its greedy continuation is extended by while the user types on: the request after the
+    # next pause is then answered from it if the keys typed its start (paced replay, 0.5B: most
+    # answers are cancelled after a token or two, and their next ones asked it all again).
+    ahead_cancelled: int = 16
+
     # -- interrupting background work (Engine.interrupt) -----------------------------------------
     # Below this much context (prompt tokens of prefix and suffix) the latest answer was starved: a
     # request then waits for the background batch it lands in (growth) rather than drop it.

@@ -320,7 +320,7 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - a reply that cannot be sent never stops the engine
             log.exception("answering a request failed")
         if self.follow is not None:  # (after the reply: it never waits for this)
-            self.follow.after(task.request, err is None)
+            self.follow.after(task.request, err)
 
     def _background_step(self) -> None:
         """One step of background work: the started task, else the next (the latest file's first)."""

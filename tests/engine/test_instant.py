@@ -83,6 +83,40 @@ def test_typing_the_answer_is_answered_from_its_trail_and_equals_cold(engine, re
                 assert d.n == 0, (typed, out.stop_reason)
 
 
+@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(i=st.integers(0, 5), at=st.integers(300, 2500), k=st.integers(1, 3), n=st.integers(1, 8))
+def test_a_cancelled_answer_goes_on_ahead_and_the_keys_that_cancelled_it_type_through(engine, reference, i, at,
+                                                                                   k, n):
+    """The keys that cancel an answer mostly type its start. Cancelled after ``k`` tokens (the text
+    healed perhaps not spelled out yet), its trail is extended ahead as the scheduler does after a
+    cancel (``FollowUp.after``), and the request after ``n`` typed characters is answered from the
+    trail, with nothing evaluated, as the same plan computed cold."""
+    from efim_local.errors import Cancelled
+
+    doc, cur = doc_at(i, at)  # four characters into a line: mid-indentation or mid-word, healed
+    path = f"cancelled-{i}.py"
+    full = reference.complete(CompletionRequest(doc, cur, path=path)).text
+    engine.clear_slots()
+    engine.forget(path)
+    got = lambda: len(engine.instant.shown[path].ids) if path in engine.instant.shown else 0  # noqa: E731
+    try:
+        engine.complete(CompletionRequest(doc, cur, path=path), should_stop=lambda: got() >= k)
+    except Cancelled:
+        pass
+    assert got() <= k
+    engine.ahead(path, limit=engine.policy.ahead_cancelled)
+    s = engine.instant.shown[path]
+    assert len(s.ids) > k or engine.instant.ends(s.ids[-1])
+    typed = full[:n]
+    if not typed:
+        return
+    doc, cur = doc[:cur] + typed + doc[cur:], cur + len(typed)
+    out = engine.complete(CompletionRequest(doc, cur, path=path))
+    assert out.text == cold(reference, out).text, (typed, out.source)
+    if REPLACEMENT not in typed:
+        assert out.source in ("type-through", "accept") and out.tokens.evaluated == 0
+
+
 def test_a_request_stops_the_continuation_computed_ahead(engine):
     """The continuation computed ahead is background work: a request that comes stops its decode
     (the token is dropped, the trail and the slot stay consistent), and it goes on later to the same

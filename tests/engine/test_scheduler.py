@@ -99,20 +99,22 @@ def test_a_waiting_request_starts_between_the_tokens_of_another(scheduler, engin
 def test_the_engine_queues_a_requests_follow_up_work(engine):
     """Built with ``follow_up`` (as the daemon's), the scheduler itself queues what a request leaves
     behind: the answer's greedy continuation, and growth when the budget reduced the plan; a request
-    that failed leaves no continuation. (The daemon queued these itself before.)"""
+    cancelled by a keystroke leaves its continuation too (the keys mostly type it), one that failed
+    none. (The daemon queued these itself before.)"""
     engine.clear_slots()
     s = Scheduler(engine, follow_up=True)
     queued = []
     s.add_background = lambda fn, key=None, path=None, first=False: queued.append(key)
     old, engine.growth.reduced = engine.growth.reduced, lambda path: path == "sched-follow-0.py"
     try:
-        for path, err in (("sched-follow-0.py", None), ("sched-follow-1.py", Cancelled())):
+        for path, err in (("sched-follow-0.py", None), ("sched-follow-1.py", Cancelled()),
+                          ("sched-follow-2.py", ValueError("bad"))):
             req = CompletionRequest("def f(x):\n    return ", 21, path=path, max_tokens=4)  # greedy
             task = RequestTask(path, req, lambda out, e: None, None)
             s._end(task, None, err)
     finally:
         engine.growth.reduced = old
-    assert queued == [("ahead", "sched-follow-0.py"), ("grow", "sched-follow-0.py")]
+    assert queued == [("ahead", "sched-follow-0.py"), ("grow", "sched-follow-0.py"), ("ahead", "sched-follow-1.py")]
 
 
 def test_a_superseded_request_is_cancelled(scheduler):
