@@ -79,6 +79,12 @@ class Growth:
             log.debug("%s: grown to the full plan (%d tokens)", path, len(tokens))
             engine.files.set_anchor(path, full)
             engine.reuse.drop_others(path, np.asarray(tokens, dtype=np.int32))
+            if engine.instant is not None:
+                # The last answer's plan is the reduced one: typing through it would run that plan in the
+                # slot that shares most of it, this one, and cut the grown suffix (paced efim trace: the
+                # full plan lost within a second, every answer reduced after). The next keystroke plans on
+                # the full anchor, whose KV is here.
+                engine.instant.forget(path)
 
     def staged_steps(self, planner, session, anchor, ro: RunOptions, first: int, leave: bool = False):
         """Prefill ``anchor``'s plan (its stable part and the typed text after it) by way of its stages

@@ -117,6 +117,35 @@ def test_a_cancelled_answer_goes_on_ahead_and_the_keys_that_cancelled_it_type_th
         assert out.source in ("type-through", "accept") and out.tokens.evaluated == 0
 
 
+def test_a_keystroke_after_growth_plans_on_the_grown_plan_not_through_the_reduced_answer(engine, reference):
+    """Once growth has computed a reduced plan's full context, the next keystroke plans on the full
+    plan (cached), even when it types the start of the answer the reduced plan gave: typing through
+    that answer would run the reduced plan in the slot that shares most of it, the grown one, and cut
+    the grown suffix (paced replay: the full plan lost within a second, every answer reduced after)."""
+    from efim_local.engine.speed import PrefillSpeed
+
+    old, engine.speed = engine.speed, PrefillSpeed.fixed(1.0)  # 1 ms per new token: a 150 ms budget reduces
+    try:
+        for i, at in [(i, at) for i in range(2, 6) for at in range(1500, 2600, 100)]:
+            doc, cur = doc_at(i, at)
+            path = f"grown-{i}.py"
+            engine.clear_slots()
+            engine.forget(path)
+            out = engine.complete(CompletionRequest(doc, cur, path=path, max_prompt_ms=150))
+            if out.context["reduced"] and len(out.text) >= 2 and REPLACEMENT not in out.text[:2]:
+                break
+        assert out.context["reduced"]
+        engine.grow(path)  # idle time: to the full plan
+        assert not engine.session(path).anchor.reduced
+        for n in (1, 2):  # two keys typing the answer's start
+            d, c = doc[:cur] + out.text[:n] + doc[cur:], cur + n
+            nxt = engine.complete(CompletionRequest(d, c, path=path, max_prompt_ms=150))
+            assert not nxt.context["reduced"], (n, nxt.source, nxt.context)
+            assert nxt.text == cold(reference, nxt).text
+    finally:
+        engine.speed = old
+
+
 def test_a_request_stops_the_continuation_computed_ahead(engine):
     """The continuation computed ahead is background work: a request that comes stops its decode
     (the token is dropped, the trail and the slot stay consistent), and it goes on later to the same
