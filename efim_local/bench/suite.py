@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import util as bu
-from . import context, paced, paced_remote, peers, quality, replay, restore, rounds, trace
+from ..eval import quality
+from . import context, paced, paced_remote, peers, replay, restore, rounds, trace
 
 PARTS = ("paced", "replay", "rounds", "restore")  # what `efim bench all` runs
 EXTRA_PARTS = ("context", "quality")  # only when asked for: a paced replay then scoring; HumanEval answers

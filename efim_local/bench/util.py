@@ -1,16 +1,16 @@
-"""Helpers shared by the benchmarks: models, source files, tables, results."""
+"""Helpers shared by the benchmarks: models, source files, daemons; tables and results files
+(``save``, ``table``, ``RESULTS``: eval/results.py's, the evaluation's too)."""
 
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
+from ..eval.results import RESULTS, save, table  # noqa: F401 - the benchmarks' bu.save, bu.table, bu.RESULTS
 from ..training.corpus import stdlib_files
 
-RESULTS = Path("bench-results")
 GEMMA_TEMPLATE = "<PRE>,<SUF>,<MID>"  # gemma3-270m has no FIM tokens: plain-text markers
 # Real code models by short name: catalog entries `make qwen` (or `efim models pull`) installs.
 REAL_MODELS = {"qwen0.5b": "qwen2.5-coder-0.5b-instruct", "qwen1.5b": "qwen2.5-coder-1.5b-instruct"}
@@ -68,14 +68,6 @@ def mean(xs) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
-def table(rows: list[dict], cols: list[str]) -> str:
-    fmt = lambda v: (f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}") if isinstance(v, float) else str(v)
-    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
-    return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
-
-
 def options(cfg) -> dict:
     """A benchmark's options (a dataclass) for its JSON: paths as strings."""
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(cfg).items()}
@@ -92,15 +84,6 @@ def busiest(n: int = 5) -> list[str]:
 def model_name(model: str) -> str:
     """``model`` in a results file's name: 'default' and 'gemma' as they are, any other 'model'."""
     return model if model in ("default", "gemma") else "model"
-
-
-def save(name: str, payload: dict, results: Path = RESULTS) -> Path:
-    results.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-               "machine": platform.machine(), "python": platform.python_version(), **payload}
-    path = results / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2))
-    return path
 
 
 def bench_model(name: str) -> tuple[Path, str | None]:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from efim_local.bench import peers, quality, replay
+from efim_local.bench import peers, replay
+from efim_local.eval import quality
 
 
 def test_replay_through_efim_daemons(tiny_model, tmp_path):

@@ -6,10 +6,10 @@ lower layers, never from a peer in its own layer or from above. Every import sta
 module level, inside functions and under ``if TYPE_CHECKING``: a lazy upward import is still a
 dependency, it only fails later.
 
-Everything under efim_local except training/ and bench/ serves completions: the library, the
-engine, the daemon and the CLI. Only bench/ (and scripts/) may use training/. (The order puts
-training/ just above llama/, the one package it needs; the order alone would let the layers above
-use it, this rule does not.)
+Everything under efim_local except training/, eval/ and bench/ serves completions: the library,
+the engine, the daemon and the CLI. Only bench/ (and scripts/) may use training/; eval/ is checked
+with the serving code, so it may not either. (The order puts training/ just above llama/, the one
+package it needs; the order alone would let the layers above use it, this rule does not.)
 
 One test imports every serving module in a fresh interpreter (a subprocess: this process has
 imported who knows what); the others read every file's imports, including those inside
@@ -90,6 +90,7 @@ LAYERS = (
     ("download",),  # fetching a catalog model (efim models pull)
     ("daemon",),  # the socket, framing, dispatch, handlers, starting a daemon
     ("lsp",),  # efim lsp, relayed to the daemon
+    ("eval",),  # answer quality (HumanEval infilling) and results files: below bench, whose suite runs it
     ("bench",),  # benchmarks: the only package that may use training (the tests below)
     ("cli",),  # the `efim` command, `efim bench` included
 )

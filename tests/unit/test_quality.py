@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from efim_local.bench import quality
+from efim_local.eval import quality
 
 
 def test_what_the_user_typed_last():

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import util as bu
+from .results import RESULTS, save, table
 
 SETS = {"single": "SingleLineInfilling", "multi": "MultiLineInfilling", "span-light": "RandomSpanInfillingLight",
         "span": "RandomSpanInfilling"}
@@ -57,7 +57,7 @@ class QualityConfig:
     seed: int = 0
     data: Path = DATA
     threads: int = 0
-    out: Path = bu.RESULTS
+    out: Path = RESULTS
 
 
 def load_tasks(name: str, limit: int = 0, data: Path = DATA) -> list[dict]:
@@ -142,8 +142,8 @@ def run(cfg: QualityConfig, log=print) -> dict:
         saved_as = f"quality-{label}-{cfg.set}-{cfg.protocol}"
         for n, task in enumerate(tqdm(tasks, desc=f"quality {cfg.set} ({cfg.protocol})", disable=log is None)):
             if n and n % SAVE_EVERY == 0:
-                bu.save(saved_as, {"config": {k: str(v) for k, v in vars(cfg).items()}, "partial": n, "rows": rows},
-                        cfg.out)
+                save(saved_as, {"config": {k: str(v) for k, v in vars(cfg).items()}, "partial": n, "rows": rows},
+                     cfg.out)
             prompt, suffix, want = task["prompt"], task["suffix"], task["canonical_solution"]
             if cfg.protocol == "typed":
                 j = rng.randint(0, max(0, len(want.rstrip("\n")) - 1))
@@ -179,8 +179,8 @@ def run(cfg: QualityConfig, log=print) -> dict:
     summary = summarize(rows, cfg.seed)
     summary.update(status, default_is=default_is, set=cfg.set, protocol=cfg.protocol, tasks=len(tasks),
                    max_tokens=max_tokens)
-    path = bu.save(saved_as, {"config": {k: str(v) for k, v in vars(cfg).items()}, "summary": summary, "rows": rows},
-                   cfg.out)
+    path = save(saved_as, {"config": {k: str(v) for k, v in vars(cfg).items()}, "summary": summary, "rows": rows},
+                cfg.out)
     summary["json"] = str(path)
     if log is not None:
         log(report(summary))
@@ -220,5 +220,5 @@ def report(s: dict) -> str:
     head = (f"HumanEval {s['set']} ({s['protocol']} protocol), {s['tasks']} tasks, {s['model']}: default = "
             f"{s['default_layout']}{'+heal' if s['default_heal'] else ''}")
     cls_cols = list(s["by_class"][0]) if s["by_class"] else []
-    return "\n\n".join([head, bu.table(s["layouts"], list(s["layouts"][0])), bu.table(s["by_class"], cls_cols),
-                        bu.table(s["paired"], list(s["paired"][0]))])
+    return "\n\n".join([head, table(s["layouts"], list(s["layouts"][0])), table(s["by_class"], cls_cols),
+                        table(s["paired"], list(s["paired"][0]))])
