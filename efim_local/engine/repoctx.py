@@ -2,7 +2,7 @@
 
 A file's plans start with ``BOS + lead``: the repository's head and T0 (the project map, the same
 tokens for every file of the project), then T1 (what this file uses from other files), then T2 (where
-the user worked lately in other files: ``recent.py``), then the file's own header, in the model
+the user worked lately in other files: ``repo/recent.py``), then the file's own header, in the model
 family's repository format (``prompt/repo_format.py``). The planner takes the
 lead as part of its BOS marker (``Engine.planner_for``), so it is never trimmed, its KV is reused like
 the file's prefix, and a keystroke never prefills it:
@@ -37,7 +37,7 @@ from ..prompt.repo_format import current_file, file_pieces, repo_format, repo_he
 from ..repo import RepoContext, Tier, TierLimits, TierStore, make_tier
 from ..repo.discover import git_root, ignored, imports_fingerprint
 from ..repo.parse import EXTENSIONS
-from .recent import EMPTY_T2, T2_CHARS, BlockKey, Recent
+from ..repo.recent import EMPTY_T2, T2_CHARS, BlockKey, Recent
 
 log = logging.getLogger("efim.engine")
 

@@ -1,4 +1,5 @@
-"""Repository context: the stable tiers of other-file context put before the current file.
+"""Repository context: the stable tiers of other-file context put before the current file (and
+T2, the volatile tier of where the user worked lately in other files: ``recent.py``).
 
 Layer: above prompt (it renders with prompt.repo_format), below engine; no llama.cpp here.
 

@@ -1,6 +1,6 @@
-"""T2's bookkeeping (engine/recent.py): which blocks of other files a file's T2 holds, and how they fit."""
+"""T2's bookkeeping (repo/recent.py): which blocks of other files a file's T2 holds, and how they fit."""
 
-from efim_local.engine.recent import BLOCK, MIN_LINES, T2_BLOCKS, Recent
+from efim_local.repo.recent import BLOCK, MIN_LINES, T2_BLOCKS, Recent
 
 TEXT = "".join(f"line {i:03d} " + "x" * 60 + "\n" for i in range(400))
 

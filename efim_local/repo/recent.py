@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 
 from ..prompt.repo_format import Piece
-from ..repo import Tier, make_tier
+from .tiers import Tier, make_tier
 
 BLOCK = 32  # lines per block; a block starts at a multiple of BLOCK/2, the cursor in its second half
 MAX_BLOCKS = 16  # blocks remembered per project
