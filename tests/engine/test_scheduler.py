@@ -9,7 +9,7 @@ import pytest
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.scheduler import Scheduler
 from efim_local.engine.tasks import RequestTask
-from efim_local.errors import Busy, Cancelled
+from efim_local.errors import Busy, Cancelled, InternalError
 
 from tests.helpers import small_config, sources, wait_until
 
@@ -145,6 +145,19 @@ def test_submit_returns_a_future_of_the_completion_and_a_superseded_one_raises_c
     assert queued.done() and isinstance(queued.exception(), Cancelled) and "superseded" in str(queued.exception())
     gate.set()
     cold(reference, engine, b, newer.result(TIMEOUT))
+
+
+def test_the_requests_a_dead_engine_thread_ran_raise_the_given_error(engine):
+    """``orphans(err)``: the started requests are taken away and their futures raise ``err`` (the
+    daemon's reply: its engine thread died), a queued one stays for the next thread."""
+    engine.clear_slots()
+    s = Scheduler(engine)
+    running, queued = RequestTask("a", request(0, 800, 4)), RequestTask("b", request(1, 800, 4))
+    s.running.append(running)
+    s.submit(queued)
+    err = InternalError("internal error: the engine thread failed; restarted")
+    assert s.orphans(err) == [running] and not s.running
+    assert running.future.exception() is err and not queued.future.done() and s.queued() == 1
 
 
 def test_a_superseded_request_is_cancelled(scheduler):
