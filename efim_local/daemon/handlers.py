@@ -2,7 +2,9 @@
 accepted, shutdown.
 
 Each handler validates its params (one-line ``InvalidParams`` errors), then
-either answers at once or hands a job to the engine thread (``worker.py``).
+either answers at once or hands a job to the engine thread (``worker.py``). What background work
+an editor's note leads to (prefill, the repository context) is the engine's decision
+(``engine/followup.py``): the handlers only translate the protocol into its calls.
 """
 
 from __future__ import annotations
@@ -15,16 +17,11 @@ from .. import __version__
 from ..engine import CompletionRequest, Engine
 from ..engine.reduction import help_text
 from ..errors import InvalidParams, InvalidRequest
-from ..prompt.document import read_source
 from .dispatch import DEFERRED
 from . import test_hooks
 from .documents import Documents, check_size, name_param, path_param, position
 from .framing import Connection, Message, param, valid_id
 from .worker import Job, Worker
-
-# Idle prefill tokenizes the whole text first (interruptibly: engine/interrupt.py); this bounds the
-# background tokenizing a document can cost. Larger documents are prefilled by their first request.
-IDLE_MAX_CHARS = 1 << 20
 
 
 class Handlers:
@@ -32,6 +29,7 @@ class Handlers:
 
     def __init__(self, server, engine: Engine, worker: Worker):
         self.server, self.engine, self.worker = server, engine, worker
+        self.follow = worker.follow  # the engine's background work on the editor's notes
         self.documents = Documents(engine.files)
         # The documents each connection opened and has not closed: a connection that ends closes them
         # (an editor that quits or forgets a buffer; else they count against the open-document limit).
@@ -73,9 +71,7 @@ class Handlers:
             self.opened.setdefault(conn, set()).add(f.path)
         if self.server.watcher and root:
             self.server.watcher.watch(root)
-        self.warm_later(f.path)
-        if self.engine.repo is not None:
-            self.worker.repo_later(f.path)
+        self.follow.opened(f.path)
         return {"path": f.path, "version": f.version}
 
     def did_change(self, conn, msg):
@@ -93,8 +89,7 @@ class Handlers:
 
     def _close(self, path: str) -> None:
         self.documents.close({"path": path})
-        if self.engine.repo is not None:
-            self.engine.repo.closed(path)
+        self.follow.closed(path)
 
     def connection_closed(self, conn) -> None:
         """``conn`` ended: close the documents it opened that no other connection has open."""
@@ -110,15 +105,7 @@ class Handlers:
         path = path_param(p)
         text = self.documents.text(path)
         cursor = param(p, "offset", int, lo=0, hi=len(text)) if "offset" in p else position(p, "position", text)
-        # The cursor is planning's (the engine thread's, engine/files.py): noted there between two steps
-        # (light: background work goes on), before the idle prefill queued next.
-        self.worker.post(lambda engine: engine.files.note_cursor(path, cursor), light=True)
-        self.warm_later(path, cursor)
-        repo = self.engine.repo
-        if repo is not None:  # a visited range (T2 of the project's other files); this file's T2 may be stale
-            repo.visit(path, cursor)
-            if repo.stale(path):
-                self.worker.repo_later(path)
+        self.follow.cursor(path, cursor)
         return {"path": path, "offset": cursor}
 
     def definitions(self, conn, msg):
@@ -137,9 +124,7 @@ class Handlers:
             pairs.append((name_param(loc, "path"), param(loc, "line", int, lo=0, hi=1 << 24)))
         self.definitions_seen["messages"] += 1
         self.definitions_seen["locations"] += len(pairs)
-        changed, kept = self.engine.repo.set_definitions(path, pairs) if self.engine.repo else (False, 0)
-        if changed:
-            self.worker.repo_later(path)
+        kept = self.follow.definitions(path, pairs)
         return {"path": path, "definitions": kept}
 
     def cancel(self, conn, msg):
@@ -175,7 +160,7 @@ class Handlers:
         check_size(text)
         n = param(p, "accepted", int, lo=0, hi=len(text))
         if n:  # the next keystroke takes what was accepted: answered from the continuation computed ahead
-            self.worker.post(lambda engine: engine.instant and engine.instant.note_accepted(path))
+            self.follow.accepted(path)
         a = self.acceptance
         a["completions" if n == len(text) else "partial"] += 1
         a["offered_chars"] += len(text)
@@ -198,38 +183,7 @@ class Handlers:
         threading.Timer(0.05, self.server.stop).start()
         return {"stopping": True}
 
-    # -- idle prefill ----------------------------------------------------------------------
+    # -- the watcher -----------------------------------------------------------------------
     def file_changed(self, path: str) -> None:
-        """A file changed on disk: forget its plan and prefill it in idle time."""
-        self.worker.post(lambda e: e.forget(path))
-        self.warm_later(path)
-        if self.engine.repo is not None:  # definitions or imports elsewhere: the project's open files' context
-            for other in self.engine.repo.saved(path):
-                self.worker.repo_later(other)
-
-    def warm_later(self, path: str, at: int | None = None) -> None:
-        """Prefill ``path`` (its open text, else the file) at offset ``at`` (default: its last
-        cursor; none yet: the head of its plans from the file's top), when idle. An open document
-        edited in the meantime is skipped: the cursor that came with this task is stale, and the
-        requests of the typing take over."""
-        f = self.engine.files.get(path)
-        version = f.version if f is not None and f.open else None
-
-        def warm(engine: Engine, should_stop) -> None:
-            f = engine.files.get(path)
-            with engine.files.lock:
-                if version is not None and (f is None or not f.open or f.version != version):
-                    return
-                text = f.text if f is not None and f.open else None
-                cursor = at if at is not None else f.cursor if f is not None else None
-            if text is None:
-                try:  # a regular file only, bounded: never a FIFO or /dev/zero on the engine thread
-                    text = read_source(path, follow=False)
-                except Exception:  # noqa: BLE001 - gone, unreadable: nothing to warm
-                    return
-            if len(text) > IDLE_MAX_CHARS:
-                return
-            cursor = None if cursor is None else min(cursor, len(text))  # None: Growth.top_steps
-            return engine.growth.warm_steps(path, text, cursor, should_stop)
-
-        self.worker.add_idle(warm, key=("warm", path), path=path)
+        """A file changed on disk: the engine forgets its plan and prefills it in idle time."""
+        self.follow.changed_on_disk(path)

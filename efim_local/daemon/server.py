@@ -159,8 +159,7 @@ class Server:
         self.worker = Worker(engine, self.queue_size)
         self.handlers = Handlers(self, engine, self.worker)
         self.dispatcher = Dispatcher(self.handlers.table())
-        calibrate = lambda engine, should_stop: engine.growth.calibrate_steps(should_stop)  # the latency budget's speed
-        self.worker.add_idle(calibrate, key="calibrate")
+        self.worker.follow.start()  # the engine's work at start (calibration)
 
     def serve_forever(self) -> None:
         self.worker.start()

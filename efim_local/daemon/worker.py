@@ -1,9 +1,10 @@
 """The engine thread: the only thread that touches llama.cpp, running the engine's scheduler.
 
-The scheduler (``engine/scheduler.py``) decides what runs when; this module turns the daemon's
-jobs into its tasks and their results into replies. Requests wait in a bounded queue (a full
-queue answers "busy"). A newer ``complete`` for a document supersedes an older one, which is
-answered "cancelled"; the prompt work it already did stays in its slot.
+The scheduler (``engine/scheduler.py``) decides what runs when, and the engine what work follows
+(``engine/followup.py``); this module turns the daemon's jobs into its tasks, and replies from each
+task's future when it resolves. Requests wait in a bounded queue (a full queue answers "busy"). A
+newer ``complete`` for a document supersedes an older one, which is answered "cancelled"; the
+prompt work it already did stays in its slot.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from concurrent.futures import Future
 from typing import Any, Callable
 
 from ..engine import CompletionRequest, Engine
@@ -44,6 +46,7 @@ class Worker:
         self.thread: threading.Thread | None = None
         self.engine = engine
         self.scheduler = Scheduler(engine, queue_size, follow_up=True)
+        self.follow = self.scheduler.follow  # the engine's background work on the editor's notes
         self.served = 0
         self.errors = 0
         self.stats = RequestStats(engine.default_layout, engine.layout_reason)  # log lines, latencies, hit rates
@@ -63,30 +66,26 @@ class Worker:
     def revive(self) -> None:
         """Start a new engine thread after the last one died: the requests it was running get an
         error, the queued ones are served by the new thread."""
-        for task in self.scheduler.orphans():
-            self.errors += 1
-            job = task.owner
-            job.conn.send(error(job.rid, InternalError("internal error: the engine thread failed; restarted")))
+        self.scheduler.orphans(InternalError("internal error: the engine thread failed; restarted"))  # (_reply)
         self.start()
 
     # -- called from connection threads --------------------------------------------
     def submit(self, job: Job) -> None:
+        """Queue ``job``; its reply goes out when its future resolves (``_reply``): on the engine
+        thread when it ends, before the engine queues its follow-up work; in this thread for a
+        queued job that a newer one superseded (after the scheduler's lock is released). Raises
+        Busy when the queue is full."""
         on_text = None
         if job.stream:
             conn, rid = job.conn, job.rid
             on_text = lambda text: conn.send(notification("completion/partial", {"id": rid, "text": text}))
-        task = RequestTask(job.key, job.request, lambda out, err: self._done(job, out, err), on_text,
-                           cancelled=job.cancelled, max_wait=QUEUE_TIMEOUT, owner=job)
-        for old in self.scheduler.submit(task):  # replies go out after the scheduler's lock is released
-            old.owner.conn.send(error(old.owner.rid, Cancelled("cancelled: superseded by a newer request")))
+        task = RequestTask(job.key, job.request, on_text, cancelled=job.cancelled, max_wait=QUEUE_TIMEOUT, owner=job)
+        task.future.add_done_callback(lambda fut: self._reply(job, fut))  # before it can end
+        self.scheduler.submit(task)
 
     def cancel(self, conn, rid) -> bool:
-        task, queued = self.scheduler.cancel(lambda t: t.owner.conn is conn and t.owner.rid == rid)
-        if task is None:
-            return False
-        if queued:
-            conn.send(error(rid, Cancelled()))
-        return True
+        """Cancel a job: a queued one is answered "cancelled" here, a running one as it ends."""
+        return self.scheduler.cancel(lambda t: t.owner.conn is conn and t.owner.rid == rid) is not None
 
     def call(self, fn: Callable[[Engine], Any], timeout: float = 30.0, light: bool = False) -> Any:
         """Run ``fn(engine)`` on the engine thread and return its result (``light``: it only reads;
@@ -96,12 +95,6 @@ class Worker:
     def post(self, fn: Callable[[Engine], Any], light: bool = False) -> None:
         """Run ``fn(engine)`` on the engine thread, without waiting (``light``: Scheduler.post)."""
         self.scheduler.post(fn, light)
-
-    def add_idle(self, task: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
-        """Queue ``task(engine, should_stop)`` for idle time (it may return a generator of steps). A
-        task with the same ``key`` still queued is replaced; one interrupted by a request is queued
-        again, to go on when the daemon is idle; ``first``: before the others."""
-        self.scheduler.add_background(task, key, path, first)
 
     def idle_pending(self) -> int:
         """Idle tasks queued or running."""
@@ -113,13 +106,20 @@ class Worker:
     def queued(self) -> int:
         return self.scheduler.queued()
 
-    # -- the engine thread -----------------------------------------------------------
-    def _done(self, job: Job, out, err: BaseException | None) -> None:
+    # -- a job's future resolved (the engine thread, else the thread that cancelled it) ------------
+    def _reply(self, job: Job, fut: Future) -> None:
         """A request ended: reply and count (the engine queues the file's follow-up work itself)."""
+        try:
+            self._answer(job, fut)
+        except Exception:  # noqa: BLE001 - a reply that cannot be sent never stops the engine
+            log.exception("answering a request failed")
+
+    def _answer(self, job: Job, fut: Future) -> None:
         conn, rid = job.conn, job.rid
+        err = fut.exception()
         if err is None:
             self.served += 1
-            answer = out.to_json()
+            answer = fut.result().to_json()
             conn.send(reply(rid, answer))
             self.stats.record(job.request.path, answer)
             return
@@ -130,7 +130,3 @@ class Worker:
         elif err.code not in (Cancelled.code, Busy.code) and err.exit_code != 2:
             self.errors += 1
         conn.send(error(rid, internal(err)))
-
-    def repo_later(self, path: str, first: bool = False) -> None:
-        """(Re)compute the repository context of ``path`` while idle (``FollowUp.repo_later``)."""
-        self.scheduler.follow.repo_later(path, first)

@@ -15,7 +15,8 @@ thread takes one step at a time and picks the next by priority:
    cursor); a background task is closed as soon as a request or a call comes, and queued again;
 5. after a quiet spell, saving dirty slots.
 
-A request that ends queues its file's follow-up work (``followup.py``) when the scheduler is built
+A request's future (``submit``) resolves when it ends, its callbacks (the daemon's reply) run on the
+engine thread; then it queues its file's follow-up work (``followup.py``) if the scheduler is built
 with ``follow_up`` (the daemon's is): the engine decides what runs after a request, not its caller.
 
 The waits (the grace before idle work, the quiet before a save, holding idle work for a request that
@@ -73,9 +74,11 @@ class Scheduler:
         self.spent[kind] = self.spent.get(kind, 0.0) + self.clock() - since
 
     # -- called from any thread ------------------------------------------------------------
-    def submit(self, task: RequestTask) -> list[RequestTask]:
-        """Queue a request; returns the queued tasks it superseded (the caller answers them).
-        Raises Busy when the queue is full. A running task with the same key is cancelled."""
+    def submit(self, task: RequestTask) -> Future:
+        """Queue a request; its future (``task.future``: the Completion, or the error it ended with).
+        Raises Busy when the queue is full. A queued task with the same key is superseded: its future
+        raises Cancelled here, in the caller's thread; a running one ends "cancelled" on the engine
+        thread. (Callbacks added before run on the engine thread, before the follow-up work.)"""
         with self.cond:
             superseded = [t for t in self.waiting if t.key == task.key]
             for old in superseded:
@@ -89,22 +92,26 @@ class Scheduler:
                 full = False
                 self.waiting.append(task)
                 self._wake()
+        for old in superseded:
+            old.resolve(None, Cancelled("cancelled: superseded by a newer request"))
         if full:
             raise Busy(f"busy: {self.queue_size} requests queued, retry later")
-        return superseded
+        return task.future
 
-    def cancel(self, match: Callable[[RequestTask], bool]) -> tuple[RequestTask | None, bool]:
-        """Cancel the first task ``match`` accepts: (the task, whether it was still queued — then
-        the caller answers it; a running one answers itself "cancelled")."""
+    def cancel(self, match: Callable[[RequestTask], bool]) -> RequestTask | None:
+        """Cancel the first task ``match`` accepts (None: none): a queued one is taken from the queue
+        and its future raises Cancelled here, in the caller's thread; a running one ends "cancelled"
+        on the engine thread."""
         with self.cond:
             queued = next((t for t in self.waiting if match(t)), None)
             if queued is not None:
                 self.waiting.remove(queued)
-                return queued, True
-            running = next((t for t in self.running if match(t)), None)
+            running = None if queued is not None else next((t for t in self.running if match(t)), None)
             if running is not None:
                 running.cancelled.set()
-            return running, False
+        if queued is not None:
+            queued.resolve(None, Cancelled())
+        return queued or running
 
     def call(self, fn: Callable, timeout: float = 30.0, light: bool = False) -> Any:
         """Run ``fn(engine)`` on the engine thread and return its result. A ``light`` call only reads
@@ -158,8 +165,9 @@ class Scheduler:
         """Whether a request or a call waits (background work stops for it)."""
         return bool(self.waiting) or any(not light for _, _, light in self.calls) or self.stopping
 
-    def orphans(self) -> list[RequestTask]:
-        """The started requests, taken away (the engine thread died: the caller answers them)."""
+    def orphans(self, err: BaseException) -> list[RequestTask]:
+        """The started requests, taken away, their futures raising ``err`` (the engine thread died;
+        its caller starts another on the same queues)."""
         with self.cond:
             tasks, self.running = self.running, []
             self.background.current = None
@@ -170,6 +178,8 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - the thread that ran it died: best effort
                 pass
         self.engine.slots.busy.clear()
+        for t in tasks:
+            t.resolve(None, err)
         return tasks
 
     # -- the engine thread -----------------------------------------------------------------
@@ -315,10 +325,7 @@ class Scheduler:
         grace = 0.0 if self.engine.pace.window_s(now) > grace else grace
         self.save_at, self.idle_at = now + self.policy.save_delay, now + grace
         self.engine.active_at = self.clock()
-        try:
-            task.done(out, err)
-        except Exception:  # noqa: BLE001 - a reply that cannot be sent never stops the engine
-            log.exception("answering a request failed")
+        task.resolve(out, err)  # its callbacks (the reply) run here, their failures logged
         if self.follow is not None:  # (after the reply: it never waits for this)
             self.follow.after(task.request, err)
 

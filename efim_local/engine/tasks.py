@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..request import CompletionRequest
 from .background import Alongside
 
+log = logging.getLogger("efim.engine")
 
 @dataclass(eq=False)
 class RequestTask:
-    """A completion to run. ``done(completion, error)`` is called on the engine thread when it ends
-    (exactly one of them is None); ``key`` names its document: a newer task with the same key
-    supersedes it."""
+    """A completion to run. Its ``future`` resolves to the Completion, or raises the error it ended
+    with (Cancelled, Busy, ...), on the thread that ended it: the engine thread, or the caller's for
+    a queued task it superseded or cancelled (``Scheduler.submit``). ``key`` names its document: a
+    newer task with the same key supersedes it. ``on_text`` gets the text shown so far (streaming)."""
 
     key: Any
     request: CompletionRequest
-    done: Callable[[Any, BaseException | None], None]
     on_text: Callable[[str], None] | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)  # of the scheduler's clock (Policy.clock's default)
@@ -29,6 +32,18 @@ class RequestTask:
     phase: str = "queued"  # queued | prefill | generate
     ride: Alongside | None = None
     owner: Any = None  # the caller's own record of it (the daemon's job)
+    future: Future = field(default_factory=Future)
+
+    def resolve(self, out: Any, err: BaseException | None) -> None:
+        """End the task: its future's result ``out``, or its exception ``err`` (not None). The
+        future's callbacks (a reply) run here; their failures are logged, never raised."""
+        try:
+            if err is None:
+                self.future.set_result(out)
+            else:
+                self.future.set_exception(err)
+        except InvalidStateError:  # its owner cancelled the future itself: nobody waits for it
+            log.debug("a request's future was already done")
 
 
 @dataclass(eq=False)

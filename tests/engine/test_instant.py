@@ -273,11 +273,16 @@ def test_a_superseded_answer_is_typed_through(engine, reference):
                 return
             results["second"] = None
             d = doc[:cur] + piece[0] + doc[cur:]
-            s.submit(RequestTask("k", CompletionRequest(d, cur + 1, path="sup.py", max_tokens=12),
-                                 lambda out, err: (results.__setitem__("second", (out, err)), ended.set())))
+            second = RequestTask("k", CompletionRequest(d, cur + 1, path="sup.py", max_tokens=12))
+            second.future.add_done_callback(lambda fut: (results.__setitem__("second", outcome(fut)), ended.set()))
+            s.submit(second)
 
-        first = RequestTask("k", CompletionRequest(doc, cur, path="sup.py", max_tokens=12),
-                            lambda out, err: results.__setitem__("first", (out, err)), on_text=typed)
+        def outcome(fut):
+            err = fut.exception()
+            return (None if err else fut.result()), err
+
+        first = RequestTask("k", CompletionRequest(doc, cur, path="sup.py", max_tokens=12), on_text=typed)
+        first.future.add_done_callback(lambda fut: results.__setitem__("first", outcome(fut)))
         s.submit(first)
         assert ended.wait(120)
     finally:

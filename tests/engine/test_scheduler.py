@@ -9,7 +9,7 @@ import pytest
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.scheduler import Scheduler
 from efim_local.engine.tasks import RequestTask
-from efim_local.errors import Busy, Cancelled
+from efim_local.errors import Busy, Cancelled, InternalError
 
 from tests.helpers import small_config, sources, wait_until
 
@@ -52,13 +52,16 @@ class Recorder:
                 on_first_text()
             self.events.append((name, "text"))
 
-        def done(out, err):
+        def done(fut):  # (on the engine thread, as the daemon's reply)
+            err = fut.exception()
             with self.cond:
                 self.events.append((name, "done"))
-                self.results[name] = (out, err)
+                self.results[name] = (None if err else fut.result(), err)
                 self.cond.notify_all()
 
-        return RequestTask(key or name, req, done, on_text)
+        task = RequestTask(key or name, req, on_text)
+        task.future.add_done_callback(done)
+        return task
 
     def wait(self, *names):
         with self.cond:
@@ -110,11 +113,51 @@ def test_the_engine_queues_a_requests_follow_up_work(engine):
         for path, err in (("sched-follow-0.py", None), ("sched-follow-1.py", Cancelled()),
                           ("sched-follow-2.py", ValueError("bad"))):
             req = CompletionRequest("def f(x):\n    return ", 21, path=path, max_tokens=4)  # greedy
-            task = RequestTask(path, req, lambda out, e: None, None)
+            task = RequestTask(path, req)
             s._end(task, None, err)
     finally:
         engine.growth.reduced = old
     assert queued == [("ahead", "sched-follow-0.py"), ("grow", "sched-follow-0.py"), ("ahead", "sched-follow-1.py")]
+
+
+def test_submit_returns_a_future_of_the_completion_and_a_superseded_one_raises_cancelled(scheduler, engine,
+                                                                                       reference):
+    """``submit`` returns the request's future: it resolves to the Completion (callbacks added before
+    run on the engine thread, as the daemon's reply); a running request superseded by a keystroke
+    raises Cancelled, and a queued one raises it at once, in the thread that superseded it."""
+    main, on_engine, later = threading.current_thread(), [], []
+    b = request(1, 1500, 8)
+    # the keystroke comes while the first request streams (the tiny model would end it first)
+    first = RequestTask("doc", request(3, 1200, 48),
+                        on_text=lambda text: later or later.append(scheduler.submit(RequestTask("doc", b))))
+    first.future.add_done_callback(lambda fut: on_engine.append(threading.current_thread() is not main))
+    fut_a = scheduler.submit(first)
+    assert fut_a is first.future
+    with pytest.raises(Cancelled):
+        fut_a.result(TIMEOUT)
+    cold(reference, engine, b, later[0].result(TIMEOUT))
+    assert on_engine == [True]
+    # queued (a call holds the engine thread): superseded in the caller's thread, at once
+    gate = threading.Event()
+    scheduler.post(lambda engine: gate.wait(TIMEOUT))
+    queued = scheduler.submit(RequestTask("doc", b))
+    newer = scheduler.submit(RequestTask("doc", b))
+    assert queued.done() and isinstance(queued.exception(), Cancelled) and "superseded" in str(queued.exception())
+    gate.set()
+    cold(reference, engine, b, newer.result(TIMEOUT))
+
+
+def test_the_requests_a_dead_engine_thread_ran_raise_the_given_error(engine):
+    """``orphans(err)``: the started requests are taken away and their futures raise ``err`` (the
+    daemon's reply: its engine thread died), a queued one stays for the next thread."""
+    engine.clear_slots()
+    s = Scheduler(engine)
+    running, queued = RequestTask("a", request(0, 800, 4)), RequestTask("b", request(1, 800, 4))
+    s.running.append(running)
+    s.submit(queued)
+    err = InternalError("internal error: the engine thread failed; restarted")
+    assert s.orphans(err) == [running] and not s.running
+    assert running.future.exception() is err and not queued.future.done() and s.queued() == 1
 
 
 def test_a_superseded_request_is_cancelled(scheduler):

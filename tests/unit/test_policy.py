@@ -189,7 +189,8 @@ def test_growth_riding_along_a_request_takes_most_of_the_debounce(clock, policy)
 def answered(sched: Scheduler, clock: FakeClock) -> list:
     """A request ends now (what the scheduler does after its last step); its answers."""
     out: list = []
-    task = RequestTask("k", None, lambda c, err: out.append((c, err)), queued_at=clock())
+    task = RequestTask("k", None, queued_at=clock())
+    task.future.add_done_callback(lambda fut: out.append((fut.result(), fut.exception())))
     sched._end(task, "done", None)
     return out
 
