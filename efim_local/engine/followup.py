@@ -21,7 +21,7 @@ from .run import greedy
 
 log = logging.getLogger("efim.engine")
 
-# Idle prefill tokenizes the whole text first (interruptibly: engine/interrupt.py); this bounds the
+# Idle prefill tokenizes the whole text first (interruptibly: engine/tokenizing.py); this bounds the
 # background tokenizing a document can cost. Larger documents are prefilled by their first request.
 IDLE_MAX_CHARS = 1 << 20
 
