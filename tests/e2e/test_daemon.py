@@ -225,6 +225,29 @@ def test_supersede_and_cancel(daemon):
         assert replies[3]["error"]["code"] == P.CANCELLED
 
 
+def test_cancel_takes_a_waiting_request_from_the_queue(tmp_path, tiny_model):
+    """A request waiting for a slot (every slot runs another file's request) is cancelled at once:
+    its "cancelled" goes out from the connection that cancelled it, before the running ones end, and
+    they are answered as usual."""
+    d = Daemon(tmp_path, tiny_model, "--queue-size", "8", config="n_slots = 2\n").start()
+    try:
+        with d.client() as c:
+            for rid in range(3):  # two slots: the third file's request waits
+                c.send({"jsonrpc": "2.0", "id": rid, "method": "complete",
+                        "params": {"path": f"wait{rid}.py", "text": LONG, "offset": 3000 + rid, "max_tokens": 300,
+                                   "ignore_eog": True}})
+            c.send({"jsonrpc": "2.0", "id": 9, "method": "cancel", "params": {"id": 2}})
+            order = [c.read() for _ in range(4)]
+    finally:
+        d.stop()
+    replies = {m["id"]: m for m in order}
+    assert replies[9]["result"] == {"cancelled": True}
+    assert replies[2]["error"]["code"] == P.CANCELLED
+    assert all("result" in replies[i] for i in range(2))
+    ids = [m["id"] for m in order]
+    assert ids.index(2) < min(ids.index(i) for i in range(2))  # taken from the queue, not ended running
+
+
 def test_busy_when_queue_full(daemon):
     with daemon.client() as c:
         for i in range(12):
