@@ -184,8 +184,7 @@ def heal_left(model, s: Shown) -> bytes:
     for tok in s.ids:
         if not rest:
             break
-        piece = model.piece(tok)
-        rest = rest[len(rest):] if piece.startswith(rest) else rest[len(piece):]
+        rest = healing.left_after(rest, model.piece(tok))
     return rest
 
 
@@ -223,8 +222,7 @@ class Trail:
                 row = engine.decoder.logits_after(slot, s.prompt, s.ids)
                 if heal:  # as the decoder picks them (decode.py): the same trail as the answer's own
                     tok = healing.pick(engine.ctx.logits(row), engine.decoder.healer.allowed(heal))
-                    piece = engine.model.piece(tok)
-                    heal = b"" if piece.startswith(heal) else heal[len(piece):]
+                    heal = healing.left_after(heal, engine.model.piece(tok))
                 else:
                     tok = greedy.sample(engine.ctx, row)
                 s.ids.append(tok)

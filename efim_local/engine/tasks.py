@@ -15,6 +15,7 @@ from .background import Alongside
 
 log = logging.getLogger("efim.engine")
 
+
 @dataclass(eq=False)
 class RequestTask:
     """A completion to run. Its ``future`` resolves to the Completion, or raises the error it ended

@@ -67,6 +67,12 @@ class Healer:
         return k
 
 
+def left_after(heal: bytes, piece: bytes) -> bytes:
+    """What of the text ``heal`` is left to spell after a token ``piece`` chosen among
+    ``Healer.allowed(heal)`` (it either spells all of it and more, or a prefix of it)."""
+    return b"" if piece.startswith(heal) else heal[len(piece):]
+
+
 def pick(logits: np.ndarray, allowed: np.ndarray) -> int:
     """Greedy choice among ``allowed`` token ids."""
     return int(allowed[np.argmax(logits[allowed])])
