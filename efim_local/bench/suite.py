@@ -3,6 +3,8 @@ model, with a table, a JSON file and a PNG chart."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -100,6 +102,10 @@ def run(cfg: SuiteConfig, log=print) -> dict:
         ("-quick" if q else "") + (f"-{Path(cfg.trace).name.split('.')[0]}" if cfg.trace else "")
     cfg.out.mkdir(parents=True, exist_ok=True)
     res["json"] = str(bu.save(name, res, cfg.out))
+    if importlib.util.find_spec("matplotlib") is None:  # the tables and the JSON are the results; charts optional
+        if any(p in res for p in ("replay", "rounds", "paced")):
+            log("no chart: it needs matplotlib (pip install -e '.[bench]')")
+        return res
     if "replay" in res or "rounds" in res:
         res["png"] = str(chart(res, cfg.out / f"{name}.png"))
     if "paced" in res:
