@@ -75,9 +75,15 @@ def check_size(text: str) -> None:
         raise InvalidParams(f"invalid params: document larger than {MAX_DOCUMENT_BYTES >> 20} MiB (UTF-8)")
 
 
-def apply_changes(text: str, changes: list) -> str:
-    """LSP content changes applied in order (ranges in the text as it is after the earlier ones)."""
-    index, work = None, 0
+# What an editor inserts when the user types an opener (auto-pairs): the caret stays between the two.
+AUTO_PAIRS = frozenset({"()", "[]", "{}", '""', "''", "``"})
+
+
+def apply_changes(text: str, changes: list) -> tuple[str, int | None]:
+    """LSP content changes applied in order (ranges in the text as it is after the earlier ones), and
+    where the last one left the caret as typing leaves it (after what it inserted, or between an
+    auto-paired opener and its closer; None after a whole-text change)."""
+    index, work, caret = None, 0, None
     for ch in changes:
         if not isinstance(ch, dict):
             raise InvalidParams("invalid params: a content change must be an object")
@@ -94,12 +100,13 @@ def apply_changes(text: str, changes: list) -> str:
                 raise InvalidParams("invalid params: range end before start")
             index.replace(start, end, new)
             text = index.text
+            caret = start + (1 if new in AUTO_PAIRS else len(new))
         else:
-            text, index = new, None
+            text, index, caret = new, None, None
         if len(text) > MAX_DOCUMENT_BYTES:  # cheap, every change; the exact test once, at the end
             check_size(text)
     check_size(text)
-    return text
+    return text, caret
 
 
 class Documents:
@@ -129,7 +136,7 @@ class Documents:
                 if (f is None or not f.open) and self.files.n_open() >= self.limit:
                     raise InvalidParams(f"invalid params: more than {self.limit} open documents")
                 f = self.files.entry(path)
-                f.text, f.version, f.open, f.edited = text, version, True, time.monotonic()
+                f.text, f.version, f.open, f.edited, f.caret = text, version, True, time.monotonic(), None
                 self.refused.pop(path, None)
                 return f
 
@@ -168,14 +175,14 @@ class Documents:
                 changes = param(params, "contentChanges", list)
                 if len(changes) > MAX_CHANGES:
                     raise InvalidParams("invalid params: too many content changes")
-                text = apply_changes(text, changes)
+                text, caret = apply_changes(text, changes)
                 version = param(params, "version", int, old_version + 1, lo=0, hi=1 << 53)
             except InvalidParams as e:
                 self._refuse(path, e)
                 raise
             with self.files.lock:
                 f = self.get(path)  # all changes or none
-                f.text, f.version, f.edited = text, version, time.monotonic()
+                f.text, f.version, f.edited, f.caret = text, version, time.monotonic(), caret
                 self.files.entry(path)
                 return f
 

@@ -77,6 +77,7 @@ class Handlers:
     def did_change(self, conn, msg):
         f = self.documents.change(msg.params)
         self.engine.pace.typed()  # idle work may take a bigger batch before the next request can come
+        self.follow.typed(f.path, f.version)
         return {"path": f.path, "version": f.version}
 
     def did_close(self, conn, msg):

@@ -52,7 +52,8 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     remote: dict | None = None  # a remote backend's answer: replica, slot, expected and served reuse, miss
     # where the answer came from: computed, type-through (the shown suggestion typed on), accept (the
-    # continuation computed while it was shown), cache (the same plan answered before)
+    # continuation computed while it was shown), keystroke (begun at its keystroke, before the request),
+    # cache (the same plan answered before)
     source: str = "computed"
     prompt: Prompt = field(default_factory=Prompt)
 

@@ -36,6 +36,7 @@ class FileState:
     version: int = 0
     open: bool = False  # synced by an editor (didOpen ... didClose)
     edited: float = 0.0  # when the editor last opened or changed it (monotonic)
+    caret: int | None = None  # where its last edit left the caret, as typing does (documents.apply_changes)
     # -- planning: written by the engine thread only
     seen: str | None = None  # the text of the latest request (a file no editor syncs has no other)
     cursor: int | None = None  # the last completion's cursor offset, or the editor's settled cursor

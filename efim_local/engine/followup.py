@@ -13,10 +13,12 @@ The daemon only translates its protocol into these calls (``daemon/handlers.py``
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 from ..errors import Cancelled
 from ..prompt.document import read_source
-from ..request import CompletionRequest
+from ..request import CompletionRequest, Options
+from .files import MAX_FILES
 from .run import greedy
 
 log = logging.getLogger("efim.engine")
@@ -34,6 +36,7 @@ class FollowUp:
     def __init__(self, scheduler):
         self.scheduler = scheduler
         self.engine = scheduler.engine
+        self.how: OrderedDict[str, Options] = OrderedDict()  # each file's last request's options (engine thread)
 
     # -- the daemon's start and the editor's notes -----------------------------------------------
     def start(self) -> None:
@@ -81,6 +84,19 @@ class FollowUp:
         if self.engine.repo is not None:
             self.engine.repo.closed(path)
 
+    def typed(self, path: str, version: int) -> None:
+        """A keystroke made ``version`` of an open document: begin the answer at its caret now, as
+        the request after the editor's debounce will ask it (with the file's last request's options),
+        unless the keystroke typed on what the file's trail knows (Runner.keystroke_steps)."""
+        if not self.engine.policy.answer_at_keystroke or self.engine.remote is not None:
+            return  # (remote: a team's servers would answer every keystroke)
+
+        def answer(engine, should_stop):
+            how = self.how.get(path)
+            return None if how is None else engine.runner.keystroke_steps(path, version, how, should_stop)
+
+        self.scheduler.add_background(answer, key=("keystroke", path), path=path, first=True, for_request=True)
+
     def accepted(self, path: str) -> None:
         """The editor took (some of) the answer: the next keystroke takes what was accepted, answered
         from the continuation computed ahead."""
@@ -119,6 +135,11 @@ class FollowUp:
         next keystroke, and their plan is the next one's."""
         path = req.path
         answered = err is None
+        if greedy(req.how) and not req.how.ignore_eog:  # what a keystroke's answer asks (typed)
+            self.how[path] = req.how
+            self.how.move_to_end(path)
+            while len(self.how) > MAX_FILES:
+                self.how.popitem(last=False)
         if greedy(req.how) and (answered or isinstance(err, Cancelled)):
             # Cancelled too: the keys that cancel an answer mostly type its first characters, and the
             # request after the next pause types through its trail (instant.py); a few tokens do.

@@ -58,6 +58,7 @@ class Shown:
     checkpoint: int = 0  # where the plan's middle starts (what a state save keeps)
     context: dict = field(default_factory=dict)
     accepted: bool = False  # the editor said it took some of it
+    keystroke: bool = False  # computed at the keystroke, before the request (Trail.keystroke_steps)
 
 
 @dataclass
@@ -100,9 +101,9 @@ class Instant:
             return None
         c, text = s.cursor, req.text
         n = req.cursor - c
-        if n <= 0 or len(text) != len(s.text) + n or not text.startswith(s.text[:c]) \
-                or not text.endswith(s.text[c:]):
-            return None
+        if n < 0 or (n == 0 and not s.keystroke) or len(text) != len(s.text) + n \
+                or not text.startswith(s.text[:c]) or not text.endswith(s.text[c:]):
+            return None  # (the very text and cursor: only the answer begun at its keystroke)
         typed = text[c:req.cursor]
         covered = s.heal + typed.encode("utf-8", "surrogatepass")
         pos = k = 0
@@ -117,7 +118,7 @@ class Instant:
         if rest and (k >= len(s.ids) or self.ends(s.ids[k]) or not self.model.piece(s.ids[k]).startswith(rest)):
             return None  # typed past what is known, or off it
         tokens = np.concatenate([s.prompt, np.asarray(s.ids[:k], dtype=np.int32)])
-        source = "accept" if s.accepted or typed == s.answer else "type-through"
+        source = "keystroke" if n == 0 else "accept" if s.accepted or typed == s.answer else "type-through"
         return Through(tokens, rest, list(s.ids[k:]), source, s)
 
     def note_accepted(self, path: str) -> None:

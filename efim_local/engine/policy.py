@@ -64,6 +64,15 @@ class Policy:
     # answers are cancelled after a token or two, and their next ones asked it all again).
     ahead_cancelled: int = 16
 
+    # -- an answer begun at the keystroke (FollowUp.typed, Runner.keystroke_steps) ---------------
+    # Each keystroke that leaves the trail starts the answer at once, with the options of the file's
+    # last request; the request after the editor's debounce takes it over with its first tokens (on the
+    # paced efim trace, half the requests had under 80 ms before the next key: a token or two).
+    answer_at_keystroke: bool = True
+    # Tokens it generates: a ghost's first characters, before the request takes it over and generates
+    # the rest (the idle time left before the next keystroke goes to growth).
+    keystroke_tokens: int = 4
+
     # -- interrupting background work (Engine.interrupt) -----------------------------------------
     # Below this much context (prompt tokens of prefix and suffix) the latest answer was starved: a
     # request then waits for the background batch it lands in (growth) rather than drop it.

@@ -18,7 +18,7 @@ from ..errors import Cancelled, InvalidParams
 from ..llama import Sampler, SamplerParams
 from ..prompt.healing import MAX_BACKOFF
 from ..prompt.planner import GROWN, Budget, Plan
-from ..request import CompletionRequest, Options
+from ..request import CompletionRequest, Options, Position
 from .completion import Completion, Prompt, Timings, TokenCounts
 from .decode import GenSpec, answer_rules
 from .instant import Instant, Shown, Through, cached_completion, keep_known
@@ -55,6 +55,7 @@ class RunOptions:
     known: Sequence[int] | None = None  # type-through: the greedy continuation known (engine/instant.py)
     trail: list[int] | None = None  # receives the greedy continuation (GenSpec.trail)
     keep: Sequence[int] | None = None  # idle work: KV of these tokens that it never cuts (Reuse.start)
+    keystroke: bool = False  # a request begun at its keystroke, before the editor asks (Trail.keystroke_steps)
 
 
 class Runner:
@@ -168,7 +169,8 @@ class Runner:
                 if greedy(req.how) and plan.layout == "efim":
                     instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
                                                      plan.closers, list(hit[3]), out.text, len(out.token_ids),
-                                                     engine.max_tokens(req.how), plan.middle_start, dict(context)))
+                                                     engine.max_tokens(req.how), plan.middle_start, dict(context),
+                                                     keystroke=ro.keystroke))
                 out.timings = Timings(plan_ms=plan_ms, total_ms=(time.perf_counter() - t0) * 1e3)
                 out.reanchor = plan.reanchor
                 if ro.on_text is not None and out.text:  # streamed like any answer, at once
@@ -177,7 +179,8 @@ class Runner:
             if greedy(req.how) and plan.layout == "efim":  # the middle comes last: typing extends the prompt
                 shown = instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
                                                          plan.closers, max_tokens=engine.max_tokens(req.how),
-                                                         checkpoint=plan.middle_start, context=dict(context)))
+                                                         checkpoint=plan.middle_start, context=dict(context),
+                                                         keystroke=ro.keystroke))
         ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
                         idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
                         trail=shown.ids if shown is not None else None)
@@ -216,6 +219,30 @@ class Runner:
         out.source, out.layout, out.context = th.source, "efim", dict(s.context)
         Instant.answered(new, out)
         return out
+
+    def keystroke_steps(self, path: str, version: int, how: Options, should_stop):
+        """Answer at a keystroke, before the editor's debounce has passed (background steps): the
+        request that comes then, on this text and caret, takes the answer so far from the file's trail
+        (``Instant.match``, source "keystroke"), its first tokens already generated. Nothing when the
+        document moved on, or the keystroke typed on what the trail knows (then it extends the trail).
+        ``how``: the options of the file's last request."""
+        engine = self.engine
+        if engine.instant is None:
+            return None
+        with engine.files.lock:
+            f = engine.files.get(path)
+            if f is None or not f.open or f.version != version or f.caret is None or f.caret > len(f.text):
+                return None
+            req = CompletionRequest.of(Position(f.text, f.caret, path), how)
+        if engine.instant.match(req) is not None:
+            return engine.trail.ahead_steps(path, should_stop, engine.policy.ahead_cancelled)
+        limit = engine.policy.keystroke_tokens
+
+        def stop() -> bool:  # the next keystroke (its own answer starts), or enough for the request to take
+            s = engine.instant.shown.get(path)
+            return should_stop() or f.version != version or (s is not None and s.keystroke and len(s.ids) >= limit)
+
+        return self.complete_steps(req, RunOptions(should_stop=stop, keystroke=True))
 
     def probe_speed(self, n: int = 16, warm: int = 4) -> None:
         """A first guess of the prefill speed, for a budget asked before anything was learned (a fresh

@@ -133,13 +133,17 @@ class Scheduler:
                 self._wake()
         return fut
 
-    def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False) -> None:
+    def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False,
+                       for_request: bool = False) -> None:
         """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
         is replaced (the newer one knows better, e.g. the cursor moved again); ``first`` queues it
-        before the others (the continuation of a shown answer: the user may take it any moment)."""
+        before the others (the continuation of a shown answer: the user may take it any moment);
+        ``for_request``: see ``BackgroundTask``."""
         with self.cond:
-            self.background.add(BackgroundTask(key, fn, path), first)
+            self.background.add(BackgroundTask(key, fn, path, for_request=for_request), first)
             self.cond.notify()
+            if for_request and self.background.current is not None and not self.background.current.for_request:
+                self.engine.interrupt()  # a batch of other background work stops: this one goes first
 
     def pending_background(self) -> int:
         """Background tasks queued or started."""
@@ -332,6 +336,8 @@ class Scheduler:
     def _background_step(self) -> None:
         """One step of background work: the started task, else the next (the latest file's first)."""
         t = self.clock()
+        if self.background.preempted():  # work for a due request goes before a started task of another kind
+            self._close_background()
         with self.cond:
             task = self.background.start(self.last_path)
             if task is None:
@@ -339,7 +345,8 @@ class Scheduler:
             if self.waits():
                 return  # foreground work came since the loop chose this
             now = self.clock()
-            hold = self.engine.pace.hold_s(self.engine.patience_s / self.policy.hold_share, now)
+            need = self.engine.patience_s / self.policy.hold_share
+            hold = 0.0 if task.for_request else self.engine.pace.hold_s(need, now)
             if hold > 0:  # a request is due before the smallest batch would end: it would stop it
                 self.idle_at = now + hold
                 self.held_at = self.held_at or now

@@ -55,6 +55,9 @@ class BackgroundTask:
     fn: Callable
     path: str | None = None  # the file it works for (the latest request's file goes first)
     steps: Any = None
+    # Work for the request that is due (an answer begun at its keystroke): it never waits for that
+    # request (Pace.hold_s), and once stopped it is not begun again (the request took it over).
+    for_request: bool = False
 
 
 class BackgroundQueue:
@@ -81,11 +84,19 @@ class BackgroundQueue:
         """Tasks queued or started."""
         return len(self.waiting) + (self.current is not None)
 
+    def preempted(self) -> bool:
+        """Whether work for a due request waits behind a started task of another kind (which then stops,
+        and goes on after it)."""
+        with self.lock:
+            return self.current is not None and not self.current.for_request \
+                and any(t.for_request for t in self.waiting)
+
     def start(self, path: str | None) -> BackgroundTask | None:
-        """(Holding the lock.) The started task, else the next one, ``path``'s first (the latest
-        request's file: it is nearest the cursor); None when there is none."""
+        """(Holding the lock.) The started task, else the next one: work for a due request first, then
+        ``path``'s (the latest request's file: it is nearest the cursor); None when there is none."""
         if self.current is None and self.waiting:
-            first = next((t for t in self.waiting if t.path is not None and t.path == path), self.waiting[0])
+            first = next((t for t in self.waiting if t.for_request), None) or next(
+                (t for t in self.waiting if t.path is not None and t.path == path), self.waiting[0])
             self.waiting.remove(first)
             self.current = first
         return self.current
@@ -98,7 +109,7 @@ class BackgroundQueue:
             if task is None:
                 return
             task.steps = None
-            if task.key is None or all(w.key != task.key for w in self.waiting):
+            if not task.for_request and (task.key is None or all(w.key != task.key for w in self.waiting)):
                 self.waiting.appendleft(task)
 
     def drop(self) -> None:

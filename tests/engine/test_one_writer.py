@@ -17,7 +17,7 @@ from efim_local.prompt.plans import FileSession
 
 from tests.helpers import small_config, sources, wait_until
 
-DOCUMENT = {"text", "version", "open", "edited"}
+DOCUMENT = {"text", "version", "open", "edited", "caret"}
 
 
 class Writers:
