@@ -262,6 +262,43 @@ def test_idle_work_goes_on_when_the_due_request_leaves_time_for_a_chunk(clock, p
     assert ran == [clock()] and sched.held_at is None
 
 
+def test_a_keystrokes_answer_goes_first_and_never_holds_for_the_request_it_is_for(clock, policy):
+    """An answer begun at a keystroke (``for_request``) is the due request's own work: where other idle
+    work holds for that request (the test above), it runs; it stops a started task's batch and goes
+    before it (that task goes on after it); stopped, when the request takes it over, it is not begun
+    again."""
+    log = []
+
+    def work(name, n):
+        def fn(engine, stop):
+            def steps():
+                for _ in range(n):
+                    log.append(name)
+                    yield
+            return steps()
+        return fn
+
+    e = fake_engine(policy, patience_s=0.8)  # a quarter of a usual chunk: 200 ms
+    sched = Scheduler(e)
+    teach(e.pace, clock, 0.5, 8)
+    sched.add_background(work("grow", 100), key="grow")
+    sched._background_step()
+    e.pace.typed()
+    clock.advance(0.375)  # the request is due in 125 ms: growth holds
+    sched._background_step()
+    assert log == ["grow"] and sched.held_at == clock()
+    sched.add_background(work("answer", 100), key="keystroke", first=True, for_request=True)
+    assert e.interrupted == 1  # growth's batch in progress stops
+    sched._background_step()
+    sched._background_step()
+    assert log == ["grow", "answer", "answer"]
+    sched._close_background()  # the request came: it takes the answer over
+    assert [t.key for t in sched.background.waiting] == ["grow"]
+    e.pace.requested()
+    sched._background_step()
+    assert log[-1] == "grow"
+
+
 def test_the_scheduler_times_its_work_by_the_policys_clock(clock, policy):
     e = fake_engine(policy)
     sched = Scheduler(e)
