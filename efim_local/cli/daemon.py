@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..daemon.launch import start_daemon
+from ..engine.completion import SOURCES
 from . import build_config, config_mod, emit, main, model_options, pairs, tier_usage, user_errors
 
 
@@ -237,9 +238,9 @@ def engine_time_text(spent: dict) -> str:
 
 
 def sources_text(src: dict) -> str:
-    """'120 answers: 70 computed, 40 type-through (33%), 6 accept (5%), 4 cache (3%)'."""
+    """'120 answers: 60 computed, 10 keystroke (8%), 40 type-through (33%), 6 accept (5%), 4 cache (3%)'."""
     parts = [f"{src['computed']} computed"] + [
-        f"{src[s]} {s} ({src[s.replace('-', '_') + '_rate']:.0%})" for s in ("type-through", "accept", "cache")]
+        f"{src.get(s, 0)} {s} ({src.get(s.replace('-', '_') + '_rate') or 0:.0%})" for s in SOURCES[1:]]
     return f"{src['answers']} answers: " + ", ".join(parts)
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 
+from ..engine.completion import SOURCES
 from . import paths
 
 log = logging.getLogger("efim.daemon")
@@ -77,7 +78,7 @@ class RequestStats:
         self.files: dict[str, list[int]] = {}  # path -> [requests, hits, cached tokens, prompt tokens]
         self.layout, self.layout_reason = layout, layout_reason
         self.first = True
-        self.sources: dict[str, int] = {}  # where the answers came from (computed, type-through, accept, cache)
+        self.sources: dict[str, int] = {}  # where the answers came from (engine.completion.SOURCES)
 
     def record(self, path: str, out: dict) -> None:
         """One answered completion (its JSON): log it and count it."""
@@ -134,8 +135,8 @@ class RequestStats:
 def source_rates(counts: dict[str, int]) -> dict:
     """Answers by source, and the share of each that did not have to be computed (hit rates)."""
     total = sum(counts.values())
-    out = {"answers": total, **{s: counts.get(s, 0) for s in ("computed", "type-through", "accept", "cache")}}
-    for s in ("type-through", "accept", "cache"):
+    out = {"answers": total, **{s: counts.get(s, 0) for s in SOURCES}}
+    for s in SOURCES[1:]:
         out[s.replace("-", "_") + "_rate"] = round(counts.get(s, 0) / total, 3) if total else None
     out["instant_rate"] = round((total - counts.get("computed", 0)) / total, 3) if total else None
     return out

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+# Where an answer came from: computed; keystroke (begun at its keystroke, before the request came);
+# type-through (the shown answer typed on); accept (the continuation computed while it was shown);
+# cache (the same plan answered before).
+SOURCES = ("computed", "keystroke", "type-through", "accept", "cache")
+
+
 @dataclass
 class TokenCounts:
     prompt: int = 0
@@ -31,9 +37,6 @@ class Prompt:
     closers: str = ""
 
 
-SOURCES = ("computed", "type-through", "accept", "cache")
-
-
 @dataclass
 class Completion:
     """What a request got: the text, why it stopped, and where its KV came from."""
@@ -51,10 +54,7 @@ class Completion:
     sparse: dict | None = None  # the sparse restore's report (approximate!), or why it fell back
     token_ids: list[int] = field(default_factory=list)
     remote: dict | None = None  # a remote backend's answer: replica, slot, expected and served reuse, miss
-    # where the answer came from: computed, type-through (the shown suggestion typed on), accept (the
-    # continuation computed while it was shown), keystroke (begun at its keystroke, before the request),
-    # cache (the same plan answered before)
-    source: str = "computed"
+    source: str = "computed"  # where the answer came from: one of SOURCES
     prompt: Prompt = field(default_factory=Prompt)
 
     def to_json(self) -> dict:

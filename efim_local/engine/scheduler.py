@@ -11,16 +11,16 @@ thread takes one step at a time and picks the next by priority:
    one's (``instant.py``);
 3. requests already running: prefill before generation, generation in turns, one token each; growth
    rides along a reduced request's generation (``background.Alongside``) when no request waits;
-4. after a short grace, background work, the file of the latest request first (it is nearest the
-   cursor); a background task is closed as soon as a request or a call comes, and queued again;
+4. after a short grace, background work: an answer begun at a keystroke first, then the file of the
+   latest request (nearest the cursor); a task is closed when a request or a call comes, and queued again;
 5. after a quiet spell, saving dirty slots.
 
 A request's future (``submit``) resolves when it ends, its callbacks (the daemon's reply) run on the
 engine thread; then it queues its file's follow-up work (``followup.py``) if the scheduler is built
 with ``follow_up`` (the daemon's is): the engine decides what runs after a request, not its caller.
 
-The waits (the grace before idle work, the quiet before a save, holding idle work for a request that
-is due) are the engine's policy (``policy.py``), on its clock (tests/unit/test_policy.py: a fake one).
+The waits (the grace before idle work, the quiet before a save, holding idle work for a due request)
+are the engine's policy (``policy.py``), on its clock (tests/unit/test_policy.py: a fake one).
 
 Requests never wait for background work beyond one step (or one tokenizer poll): a background
 prompt batch stops between two graph nodes when a request or a call comes (``Engine.interrupt``; its
@@ -136,14 +136,12 @@ class Scheduler:
     def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False,
                        for_request: bool = False) -> None:
         """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
-        is replaced (the newer one knows better, e.g. the cursor moved again); ``first`` queues it
-        before the others (the continuation of a shown answer: the user may take it any moment);
-        ``for_request``: see ``BackgroundTask``."""
+        is replaced (the newer one knows better: the cursor moved again); ``first`` queues it before the
+        others (a shown answer's continuation: the user may take it); ``for_request``: ``BackgroundTask``'s."""
         with self.cond:
-            self.background.add(BackgroundTask(key, fn, path, for_request=for_request), first)
+            if self.background.add(BackgroundTask(key, fn, path, for_request=for_request), first):
+                self.engine.interrupt()  # the started task's batch stops: this one goes first
             self.cond.notify()
-            if for_request and self.background.current is not None and not self.background.current.for_request:
-                self.engine.interrupt()  # a batch of other background work stops: this one goes first
 
     def pending_background(self) -> int:
         """Background tasks queued or started."""
@@ -228,7 +226,10 @@ class Scheduler:
                 self._step(item)  # (counts its own time)
             elif kind == "save":
                 self.save_at = None
-                self._quietly(self.engine.flush)  # a pause in typing: keep the states
+                try:  # a pause in typing: keep the states
+                    self.engine.flush()
+                except Exception:  # noqa: BLE001 - saving never takes the engine thread down
+                    log.exception("saving failed")
                 self._spend("save", t)
             else:
                 self._background_step()
@@ -345,8 +346,8 @@ class Scheduler:
             if self.waits():
                 return  # foreground work came since the loop chose this
             now = self.clock()
-            need = self.engine.patience_s / self.policy.hold_share
-            hold = 0.0 if task.for_request else self.engine.pace.hold_s(need, now)
+            need = 0.0 if task.for_request else self.engine.patience_s / self.policy.hold_share  # 0: never holds
+            hold = self.engine.pace.hold_s(need, now)
             if hold > 0:  # a request is due before the smallest batch would end: it would stop it
                 self.idle_at = now + hold
                 self.held_at = self.held_at or now
@@ -389,15 +390,7 @@ class Scheduler:
     def _call(self, fn, fut: Future) -> None:
         try:
             fut.set_result(fn(self.engine))
-        except Exception as e:  # handed to the caller
+        except BaseException as e:  # handed to the caller; SystemExit and the like end the thread too (revived)
             fut.set_exception(e)
-        except BaseException as e:  # SystemExit and the like end the thread (the watchdog restarts it)
-            fut.set_exception(e)
-            raise
-
-    @staticmethod
-    def _quietly(fn) -> None:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - saving never takes the engine thread down
-            log.exception("background work failed")
+            if not isinstance(e, Exception):
+                raise

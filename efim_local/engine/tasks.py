@@ -70,8 +70,8 @@ class BackgroundQueue:
         self.waiting: deque[BackgroundTask] = deque()
         self.current: BackgroundTask | None = None
 
-    def add(self, task: BackgroundTask, first: bool = False) -> None:
-        """(Holding the lock.)"""
+    def add(self, task: BackgroundTask, first: bool = False) -> bool:
+        """(Holding the lock.) Whether it preempts the started task (``preempted``)."""
         if task.key is not None:
             for old in [w for w in self.waiting if w.key == task.key]:
                 self.waiting.remove(old)
@@ -79,6 +79,7 @@ class BackgroundQueue:
             self.waiting.appendleft(task)
         else:
             self.waiting.append(task)
+        return task.for_request and self.current is not None and not self.current.for_request
 
     def __len__(self) -> int:
         """Tasks queued or started."""
@@ -88,8 +89,8 @@ class BackgroundQueue:
         """Whether work for a due request waits behind a started task of another kind (which then stops,
         and goes on after it)."""
         with self.lock:
-            return self.current is not None and not self.current.for_request \
-                and any(t.for_request for t in self.waiting)
+            return any(t.for_request for t in self.waiting) and self.current is not None \
+                and not self.current.for_request
 
     def start(self, path: str | None) -> BackgroundTask | None:
         """(Holding the lock.) The started task, else the next one: work for a due request first, then
