@@ -71,7 +71,7 @@ class FileSession:
     layout: str = "efim"
     reanchors: int = 0
     typed: tuple[int, ...] = ()  # the last plan's middle tokens (growth computes them too)
-    lead: tuple[int, ...] = ()  # repository context after BOS, in every plan of the file (engine/repoctx.py)
+    lead: tuple[int, ...] = ()  # repository context after BOS, in every plan of the file (repo/leads.py)
     note: str | None = None  # a reason code the next plan reports if it keeps its anchor (repo_context)
 
 

@@ -1,5 +1,6 @@
 """Repository context: the stable tiers of other-file context put before the current file (and
-T2, the volatile tier of where the user worked lately in other files: ``recent.py``).
+T2, the volatile tier of where the user worked lately in other files: ``recent.py``), and a file's
+lead made of them, with the projects of the files served (``leads.py``).
 
 Layer: above prompt (it renders with prompt.repo_format), below engine; no llama.cpp here.
 

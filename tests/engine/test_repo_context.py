@@ -1,7 +1,7 @@
-"""Repository context in plans (issue 25, engine/repoctx.py), in-process on the tiny model, over small
-real git repositories the tests create: the lead is a stable head that keystrokes never prefill again,
-it is rebuilt in idle time when imports change or a save changes the project, a renamed file and a
-.gitignored one are seen as git sees them, and reused KV answers as a cold run does."""
+"""Repository context in plans (issue 25, repo/leads.py and engine/repoctx.py), in-process on the tiny
+model, over small real git repositories the tests create: the lead is a stable head that keystrokes
+never prefill again, it is rebuilt in idle time when imports change or a save changes the project, a
+renamed file and a .gitignored one are seen as git sees them, and reused KV answers as a cold run does."""
 
 import subprocess
 from dataclasses import replace
