@@ -25,9 +25,7 @@ import numpy as np
 
 from ..prompt.planner import FileSession
 from ..prompt.repo_format import repo_format
-# CHARS_PER_TOKEN and imports_fingerprint are imported from here by the tests (re-exported).
-from ..repo.discover import imports_fingerprint  # noqa: F401
-from ..repo.leads import CHARS_PER_TOKEN, Lead, ProjectLeads, keep_latest  # noqa: F401
+from ..repo.leads import Lead, ProjectLeads, keep_latest
 
 LEAD_S = 6.0  # a project's tiers are sized so that its lead prefills in about this long on this machine
 

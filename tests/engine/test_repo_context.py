@@ -11,7 +11,9 @@ import pytest
 
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.decode import drive
-from efim_local.engine.repoctx import CHARS_PER_TOKEN, LEAD_S, imports_fingerprint
+from efim_local.engine.repoctx import LEAD_S
+from efim_local.repo.discover import imports_fingerprint
+from efim_local.repo.leads import CHARS_PER_TOKEN
 from efim_local.engine.speed import PrefillSpeed
 from efim_local.repo import TierLimits
 from efim_local.kv.settings import store_config
