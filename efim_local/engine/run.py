@@ -128,16 +128,20 @@ class Runner:
             prompt=Prompt(tuple(int(t) for t in prompt), ro.heal, ro.closers))
 
     def complete_steps(self, req: CompletionRequest, ro: RunOptions = RunOptions()):
-        """Plan a request (within its latency budget), heal its partial word, run it (steps; returns a
-        Completion that reports the context it used). A request's keystroke that types on its file's
-        last answer is answered from that answer's trail; a plan answered before, from the cache
-        (``instant.py``; idle work does neither)."""
-        engine = self.engine
+        """A request's steps (a generator; returns a Completion that reports the context it used): a
+        keystroke that types on its file's last answer is answered from that answer's trail
+        (``through_steps``), any other is planned and run (``planned_steps``). Returned, not
+        delegated to: generators nest no deeper than the run's own."""
         t0 = time.perf_counter()
+        through = self.engine.instant.match(req) if self.engine.instant is not None and not ro.idle else None
+        return self.through_steps(req, through, ro, t0) if through is not None else self.planned_steps(req, ro, t0)
+
+    def planned_steps(self, req: CompletionRequest, ro: RunOptions, t0: float):
+        """Plan a request (within its latency budget), heal its partial word, run it (steps; returns a
+        Completion). A plan answered before is answered from the cache (``instant.py``; idle work is
+        not)."""
+        engine = self.engine
         instant = None if ro.idle else engine.instant
-        through = instant.match(req) if instant is not None else None
-        if through is not None:
-            return (yield from self.through_steps(req, through, ro, t0))
         plan = self.fit_budget(req, engine.plan(req))
         engine.files.set_typed(req.path, plan.middle_tokens)
         tokens, heal = plan.tokens, b""
