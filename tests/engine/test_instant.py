@@ -117,62 +117,60 @@ def test_a_cancelled_answer_goes_on_ahead_and_the_keys_that_cancelled_it_type_th
         assert out.source in ("type-through", "accept") and out.tokens.evaluated == 0
 
 
-def test_a_stage_of_growth_makes_the_next_keystroke_take_it_rather_than_type_through(engine, reference):
+@pytest.fixture
+def slow(engine):
+    """The engine at 1 ms per new token: a 150 ms budget reduces the plans of these files."""
+    from efim_local.engine.speed import PrefillSpeed
+
+    old, engine.speed = engine.speed, PrefillSpeed.fixed(1.0)
+    yield engine
+    engine.speed = old
+
+
+def reduced_answer(engine, name: str):
+    """A file's answer from a reduced plan (two characters at least, whole ones): doc, cursor, path, it."""
+    for i, at in [(i, at) for i in range(2, 6) for at in range(1500, 2600, 100)]:
+        doc, cur = doc_at(i, at)
+        path = f"{name}-{i}.py"
+        engine.clear_slots()
+        engine.forget(path)
+        out = engine.complete(CompletionRequest(doc, cur, path=path, max_prompt_ms=150))
+        if out.context["reduced"] and len(out.text) >= 2 and REPLACEMENT not in out.text[:2]:
+            return doc, cur, path, out
+    pytest.fail("no reduced plan with an answer")
+
+
+def test_a_stage_of_growth_makes_the_next_keystroke_take_it_rather_than_type_through(slow, reference):
     """A reduced plan's answer typed through keeps its context; once growth has computed a stage of
     the full plan, the next keystroke takes the stage (more context, a few typed tokens evaluated)
     instead, and answers as that plan computed cold."""
-    from efim_local.engine.speed import PrefillSpeed
-
-    old, engine.speed = engine.speed, PrefillSpeed.fixed(1.0)  # 1 ms per new token: a 150 ms budget reduces
-    try:
-        for i, at in [(i, at) for i in range(2, 6) for at in range(1500, 2600, 100)]:
-            doc, cur = doc_at(i, at)
-            path = f"staged-{i}.py"
-            engine.clear_slots()
-            engine.forget(path)
-            out = engine.complete(CompletionRequest(doc, cur, path=path, max_prompt_ms=150))
-            if out.context["reduced"] and len(out.text) >= 2 and REPLACEMENT not in out.text[:2]:
-                break
-        assert out.context["reduced"]
-        steps = engine.growth.grow_steps(path)
-        while path in engine.instant.shown:  # idle time, until a stage is computed
-            next(steps)
-        steps.close()
-        d, c = doc[:cur] + out.text[:1] + doc[cur:], cur + 1  # a key typing the answer's start
-        nxt = engine.complete(CompletionRequest(d, c, path=path, max_prompt_ms=150))
-        assert nxt.source == "computed" and nxt.context["tokens"] > out.context["tokens"], nxt.context
-        assert nxt.text == cold(reference, nxt).text
-    finally:
-        engine.speed = old
+    engine = slow
+    doc, cur, path, out = reduced_answer(engine, "staged")
+    steps = engine.growth.grow_steps(path)
+    while path in engine.instant.shown:  # idle time, until a stage is computed
+        next(steps)
+    steps.close()
+    assert engine.session(path).anchor.reduced  # a stage, not the whole growth
+    d, c = doc[:cur] + out.text[:1] + doc[cur:], cur + 1  # a key typing the answer's start
+    nxt = engine.complete(CompletionRequest(d, c, path=path, max_prompt_ms=150))
+    assert nxt.source == "computed" and nxt.context["tokens"] > out.context["tokens"], nxt.context
+    assert nxt.text == cold(reference, nxt).text
 
 
-def test_a_keystroke_after_growth_plans_on_the_grown_plan_not_through_the_reduced_answer(engine, reference):
+def test_a_keystroke_after_growth_plans_on_the_grown_plan_not_through_the_reduced_answer(slow, reference):
     """Once growth has computed a reduced plan's full context, the next keystroke plans on the full
     plan (cached), even when it types the start of the answer the reduced plan gave: typing through
     that answer would run the reduced plan in the slot that shares most of it, the grown one, and cut
     the grown suffix (paced replay: the full plan lost within a second, every answer reduced after)."""
-    from efim_local.engine.speed import PrefillSpeed
-
-    old, engine.speed = engine.speed, PrefillSpeed.fixed(1.0)  # 1 ms per new token: a 150 ms budget reduces
-    try:
-        for i, at in [(i, at) for i in range(2, 6) for at in range(1500, 2600, 100)]:
-            doc, cur = doc_at(i, at)
-            path = f"grown-{i}.py"
-            engine.clear_slots()
-            engine.forget(path)
-            out = engine.complete(CompletionRequest(doc, cur, path=path, max_prompt_ms=150))
-            if out.context["reduced"] and len(out.text) >= 2 and REPLACEMENT not in out.text[:2]:
-                break
-        assert out.context["reduced"]
-        engine.grow(path)  # idle time: to the full plan
-        assert not engine.session(path).anchor.reduced
-        for n in (1, 2):  # two keys typing the answer's start
-            d, c = doc[:cur] + out.text[:n] + doc[cur:], cur + n
-            nxt = engine.complete(CompletionRequest(d, c, path=path, max_prompt_ms=150))
-            assert not nxt.context["reduced"], (n, nxt.source, nxt.context)
-            assert nxt.text == cold(reference, nxt).text
-    finally:
-        engine.speed = old
+    engine = slow
+    doc, cur, path, out = reduced_answer(engine, "grown")
+    engine.grow(path)  # idle time: to the full plan
+    assert not engine.session(path).anchor.reduced
+    for n in (1, 2):  # two keys typing the answer's start
+        d, c = doc[:cur] + out.text[:n] + doc[cur:], cur + n
+        nxt = engine.complete(CompletionRequest(d, c, path=path, max_prompt_ms=150))
+        assert not nxt.context["reduced"], (n, nxt.source, nxt.context)
+        assert nxt.text == cold(reference, nxt).text
 
 
 def test_a_request_stops_the_continuation_computed_ahead(engine):
