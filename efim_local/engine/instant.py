@@ -58,7 +58,7 @@ class Shown:
     checkpoint: int = 0  # where the plan's middle starts (what a state save keeps)
     context: dict = field(default_factory=dict)
     accepted: bool = False  # the editor said it took some of it
-    keystroke: bool = False  # computed at the keystroke, before the request (Trail.keystroke_steps)
+    keystroke: bool = False  # begun at its keystroke, before the request (Runner.keystroke_steps)
 
 
 @dataclass
