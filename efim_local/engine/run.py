@@ -55,7 +55,7 @@ class RunOptions:
     known: Sequence[int] | None = None  # type-through: the greedy continuation known (engine/instant.py)
     trail: list[int] | None = None  # receives the greedy continuation (GenSpec.trail)
     keep: Sequence[int] | None = None  # idle work: KV of these tokens that it never cuts (Reuse.start)
-    keystroke: bool = False  # a request begun at its keystroke, before the editor asks (Trail.keystroke_steps)
+    keystroke: bool = False  # a request begun at its keystroke, before the editor asks (Runner.keystroke_steps)
 
 
 class Runner:
@@ -246,7 +246,7 @@ class Runner:
             s = engine.instant.shown.get(path)
             return should_stop() or f.version != version or (s is not None and s.keystroke and len(s.ids) >= limit)
 
-        return self.complete_steps(req, RunOptions(should_stop=stop, keystroke=True))
+        return self.planned_steps(req, RunOptions(should_stop=stop, keystroke=True), time.perf_counter())
 
     def probe_speed(self, n: int = 16, warm: int = 4) -> None:
         """A first guess of the prefill speed, for a budget asked before anything was learned (a fresh
