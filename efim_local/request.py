@@ -49,6 +49,8 @@ class Options:
                                 choices=LAYOUTS)
     stop_at_newline: bool = _param(False, bool, "Stop at the end of the first line.")
     max_lines: int | None = _param(None, int, "Stop after this many lines.", 1, 1000)
+    type_over: bool = _param(False, bool, "Type over the auto-paired closers after the cursor: the answer "
+                             "goes on past them and replaces them (the reply's replaces).")
     max_prompt_ms: float | None = _param(None, float, "Latency budget for the prompt in ms: a larger prompt "
                                          "is reduced to the context nearest the cursor (0: no budget; "
                                          "default: the config's).", 0, 600_000)

@@ -154,7 +154,8 @@ class EfimEditor:
                 # first, and without it the old position would be read in the new text.
                 res = c.call("complete", {"path": req.path, "position": _position(req.doc, req.cursor),
                                           "version": self.versions[id(req.doc)],
-                                          "max_tokens": self.max_tokens, "stream": True}, on_notification=on_partial)
+                                          "max_tokens": self.max_tokens, "type_over": True, "stream": True},
+                                  on_notification=on_partial)
             except InvalidParams as e:  # the user typed on before the request got there: stale
                 if "version" not in str(e):
                     raise

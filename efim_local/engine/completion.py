@@ -55,6 +55,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     remote: dict | None = None  # a remote backend's answer: replica, slot, expected and served reuse, miss
     source: str = "computed"  # where the answer came from: one of SOURCES
+    replaces: int = 0  # characters after the cursor the text replaces: the closers it typed over (type_over)
     prompt: Prompt = field(default_factory=Prompt)
 
     def to_json(self) -> dict:
@@ -64,4 +65,6 @@ class Completion:
         d["timings"] = {k: round(v, 2) for k, v in d["timings"].items()}  # 10 µs: more is noise
         if d["remote"] is None:
             d.pop("remote")
+        if not d["replaces"]:  # only an answer that typed over closers replaces text
+            d.pop("replaces")
         return d

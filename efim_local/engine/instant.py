@@ -38,7 +38,7 @@ from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, TokenCounts
 
 CACHE_ENTRIES = 256
-OUTPUT_OPTIONS = ("temperature", "top_k", "top_p", "seed", "stop_at_newline", "max_lines", "ignore_eog")
+OUTPUT_OPTIONS = ("temperature", "top_k", "top_p", "seed", "stop_at_newline", "max_lines", "ignore_eog", "type_over")
 
 
 @dataclass(eq=False)
@@ -64,13 +64,14 @@ class Shown:
 @dataclass
 class Through:
     """A keystroke answered from a :class:`Shown`: the plan's tokens, the text it heals, the known
-    continuation, and whether it was an accept."""
+    continuation, whether it was an accept, and the closers after the cursor that the keys left."""
 
     tokens: np.ndarray
     heal: bytes
     known: list[int]
     source: str
     shown: Shown
+    closers: str = ""
 
 
 def model_key(path) -> str:
@@ -101,8 +102,9 @@ class Instant:
             return None
         c, text = s.cursor, req.text
         n = req.cursor - c
-        if n < 0 or (n == 0 and not s.keystroke) or len(text) != len(s.text) + n \
-                or not text.startswith(s.text[:c]) or not text.endswith(s.text[c:]):
+        over = len(s.text) + n - len(text)  # closers the keys typed over (the editor's, or an answer's)
+        if n < 0 or (n == 0 and not s.keystroke) or not 0 <= over <= min(n, len(s.closers)) \
+                or not text.startswith(s.text[:c]) or text[req.cursor:] != s.text[c + over:]:
             return None  # (the very text and cursor: only the answer begun at its keystroke)
         typed = text[c:req.cursor]
         covered = s.heal + typed.encode("utf-8", "surrogatepass")
@@ -119,7 +121,7 @@ class Instant:
             return None  # typed past what is known, or off it
         tokens = np.concatenate([s.prompt, np.asarray(s.ids[:k], dtype=np.int32)])
         source = "keystroke" if n == 0 else "accept" if s.accepted or typed == s.answer else "type-through"
-        return Through(tokens, rest, list(s.ids[k:]), source, s)
+        return Through(tokens, rest, list(s.ids[k:]), source, s, s.closers[over:])
 
     def note_accepted(self, path: str) -> None:
         """The editor took some of ``path``'s answer: the next keystroke is an accept."""
@@ -148,7 +150,7 @@ class Instant:
         return h.digest()
 
     def get(self, key: bytes, prompt: Prompt) -> tuple | None:
-        """A cached answer for exactly this plan: (text, stop reason, ids, trail, layout, context)."""
+        """A cached answer for exactly this plan: (text, stop reason, ids, trail, layout, context, replaces)."""
         hit = self.cache.get(key)
         if hit is None or hit[0] != prompt:  # the plan itself, compared whole
             return None
@@ -159,7 +161,7 @@ class Instant:
         if self.size <= 0:
             return
         self.cache[key] = (prompt, out.text, out.stop_reason, list(out.token_ids), list(trail), out.layout,
-                           dict(out.context))
+                           dict(out.context), out.replaces)
         self.cache.move_to_end(key)
         while len(self.cache) > self.size:
             self.cache.popitem(last=False)
@@ -171,10 +173,10 @@ class Instant:
 
 def cached_completion(hit: tuple, prompt: Prompt) -> Completion:
     """The completion a cache hit answers (nothing decoded)."""
-    text, reason, ids, _, layout, context = hit
+    text, reason, ids, _, layout, context, replaces = hit
     n = len(prompt.tokens)
     # nothing from the KV (cached 0, cache_tier none), nothing evaluated
-    return Completion(text=text, stop_reason=reason, layout=layout, source="cache", context=dict(context),
+    return Completion(text=text, stop_reason=reason, layout=layout, source="cache", context=dict(context), replaces=replaces,
                       tokens=TokenCounts(prompt=n, cached=0, evaluated=0, generated=len(ids)), token_ids=list(ids),
                       prompt=prompt)
 

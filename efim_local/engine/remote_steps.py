@@ -237,4 +237,5 @@ def _completion(prompt, run: _Run, reason: str, end: dict) -> Completion:
                       timings=Timings(prompt_ms=(t_first - run.t0) * 1e3, predict_ms=(t2 - t_first) * 1e3,
                                       total_ms=(t2 - run.t0) * 1e3),
                       slot=report.get("slot") if report.get("slot") is not None else -1,
-                      cache_tier="remote" if cached else "none", remote=report, token_ids=list(run.ids))
+                      cache_tier="remote" if cached else "none", remote=report, token_ids=list(run.ids),
+                      replaces=run.stream.rules.replaced(run.stream.text))

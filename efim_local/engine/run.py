@@ -78,7 +78,8 @@ class Runner:
         max_tokens = engine.max_tokens(how)
         room = engine.config.context.n_ctx_seq - len(prompt)
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=how.stop_at_newline,
-                          max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers)
+                          max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers,
+                          type_over=how.type_over)
         if engine.remote is not None and not ro.cold:  # a remote backend runs it (engine/remote_steps.py)
             rules = answer_rules(engine.model, engine.template.markers, rules, prompt, ro.heal)
             out = yield from self.replicas.run_steps(prompt, how, ro, rules)
@@ -124,7 +125,7 @@ class Runner:
         return Completion(
             text=gen.stream.text, stop_reason=reason, layout="tokens", tokens=counts,
             timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
-            slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids,
+            slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids, replaces=rules.replaced(gen.stream.text),
             prompt=Prompt(tuple(int(t) for t in prompt), ro.heal, ro.closers))
 
     def complete_steps(self, req: CompletionRequest, ro: RunOptions = RunOptions()):
@@ -214,11 +215,11 @@ class Runner:
         engine = self.engine
         s = th.shown
         engine.files.note_request(req.path, req.text, req.cursor)
-        new = engine.instant.remember(req.path, Shown(req.text, req.cursor, th.tokens, th.heal, s.closers,
+        new = engine.instant.remember(req.path, Shown(req.text, req.cursor, th.tokens, th.heal, th.closers,
                                                       list(th.known), max_tokens=engine.max_tokens(req.how),
                                                       checkpoint=s.checkpoint, context=dict(s.context)))
         out = yield from self.run_steps(th.tokens, req.how, RunOptions(
-            path=req.path, t0=t0, checkpoint=s.checkpoint, heal=th.heal, closers=s.closers, chunk=ro.chunk,
+            path=req.path, t0=t0, checkpoint=s.checkpoint, heal=th.heal, closers=th.closers, chunk=ro.chunk,
             should_stop=ro.should_stop, on_text=ro.on_text, known=th.known, trail=new.ids))
         out.source, out.layout, out.context = th.source, "efim", dict(s.context)
         Instant.answered(new, out)

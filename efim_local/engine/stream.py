@@ -14,11 +14,16 @@ class StopRules:
     max_lines: int | None = None  # stop after this many lines
     stop_strings: tuple[str, ...] = ()
     closers: str = ""  # auto-paired closers after the cursor: stop where the text would close them
+    type_over: bool = False  # or type over them, in order, and go on (the answer replaces them: ``typed_over``)
     rejoin: str = ""  # the suffix's first lines: output that reproduces them ends before them (drafts.py)
     # The cursor's line up to the answer and the lines above it (stripped, nearest last): an answer
     # ends before a line that leaves the block it started in or repeats one of those (``_block_cut``).
     line: str | None = None  # None: no such rule (the decoder fills it from the prompt)
     above: tuple[str, ...] = ()
+
+    def replaced(self, text: str) -> int:
+        """Characters after the cursor an answer ``text`` replaces: the closers it typed over."""
+        return typed_over(text, self.closers)[0] if self.type_over else 0
 
 
 OPENERS = {")": "(", "]": "[", "}": "{"}
@@ -67,7 +72,7 @@ class TextStream:
             if i >= 0 and (cut is None or i < cut):
                 cut, reason = i, "rejoin"
         if self.rules.closers:
-            i = _closing(buf, self.rules.closers[0])
+            i = _over_cut(buf, self.rules.closers) if self.rules.type_over else _closing(buf, self.rules.closers[0])
             if i is not None and (cut is None or i < cut):
                 cut, reason = i, "closer"
         if self.rules.line is not None:
@@ -114,6 +119,29 @@ def _closing(buf: str, closer: str) -> int | None:
                 return i
             depth = max(0, depth - 1)  # a stray closer of another kind is the model's own
     return None
+
+
+def typed_over(text: str, closers: str) -> tuple[int, int]:
+    """How many of ``closers`` (the auto-paired closers after the cursor) ``text`` types over, in
+    order, and the index in ``text`` just after the last of them (0, 0: none)."""
+    k = at = 0
+    for closer in closers:
+        i = _closing(text[at:], closer)
+        if i is None:
+            break
+        k, at = k + 1, at + i + 1
+    return k, at
+
+
+def _over_cut(buf: str, closers: str) -> int | None:
+    """Where an answer that types over the closers ends: at the end of the line on which it typed over
+    some of them but not all (its next lines would come before the closers left, inside them);
+    None: it goes on (it typed over none, or all: what follows is the suffix the model saw)."""
+    k, at = typed_over(buf, closers)
+    if not 0 < k < len(closers):
+        return None
+    nl = buf.find("\n", at)
+    return nl if nl >= 0 else None
 
 
 def _block_cut(buf: str, line: str, above: tuple[str, ...], final: bool) -> tuple[int, str] | None:

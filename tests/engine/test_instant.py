@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine import CompletionRequest, Engine
+from efim_local.engine.stream import typed_over
 from efim_local.request import Options
 
 from tests.helpers import small_config, sources
@@ -322,3 +323,50 @@ def test_a_superseded_answer_is_typed_through(engine, reference):
     assert isinstance(results["first"][1], Cancelled)  # superseded while it streamed
     assert out.source == "type-through" and out.tokens.evaluated == 0
     assert out.text == cold(reference, out).text
+
+
+def call_sites(i: int) -> list[int]:
+    """Offsets just after a name at which code calls it (``name(``): where typing ``(`` makes an editor's
+    auto-pairs put ``)`` after the cursor."""
+    import re
+
+    src = sources()[i][:3000]
+    return [m.end() - 1 for m in re.finditer(r"\b[a-z_]+\(", src)][5::7]
+
+
+def test_an_answer_types_over_auto_paired_closers_and_taking_it_types_through(engine, reference):
+    """Typing ``(`` puts ``)`` after the cursor. With ``type_over`` the answer goes on past the closer it
+    types and replaces it; the document with the answer taken (its closer replaced) is answered from the
+    trail. Without it, the answer stops before the closer, and the editor's own type-over of the closer
+    (the caret moves past it, the text stays) types through. Every answer equals its plan computed cold."""
+    over = Options(type_over=True)
+    replaced = typed_over_by_editor = 0
+    for i in range(4):
+        src = sources()[i][:3000]
+        for cur in call_sites(i)[:3]:
+            for how in (over, Options()):
+                path = f"over-{i}-{cur}-{how.type_over}.py"
+                base = src[:cur] + src[cur + 1:]  # the call's "(" not typed yet, the caret after the name
+                engine.complete(CompletionRequest(base, cur, path=path, **how.to_params()))  # the anchor
+                doc, at = base[:cur] + "()" + base[cur:], cur + 1  # "(" typed, ")" put by the editor
+                out = engine.complete(CompletionRequest(doc, at, path=path, **how.to_params()))
+                assert out.context.get("closers") == ")" and out.text == cold(reference, out, how).text
+                assert out.replaces == (typed_over(out.text, ")")[0] if how.type_over else 0), out.text
+                if REPLACEMENT in out.text:  # bytes that are not UTF-8 yet: typing the text types others
+                    continue
+                if how.type_over and out.replaces:  # the editor takes the answer: it replaces the closer
+                    replaced += 1
+                    doc, at = doc[:at] + out.text + doc[at + 1:], at + len(out.text)
+                elif not how.type_over and out.stop_reason == "closer":  # the user types it, then over ")"
+                    doc, at = doc[:at] + out.text + doc[at:], at + len(out.text)
+                    engine.complete(CompletionRequest(doc, at, path=path))
+                    typed_over_by_editor += 1
+                    at += 1
+                else:
+                    continue
+                engine.ahead(path)  # as the daemon does while an answer is shown
+                nxt = engine.complete(CompletionRequest(doc, at, path=path, **how.to_params()))
+                assert nxt.source in ("accept", "type-through") and nxt.tokens.evaluated == 0, (out.text, nxt)
+                assert nxt.prompt.closers == ""  # none left after the cursor
+                assert nxt.text == cold(reference, nxt, how).text
+    assert replaced >= 2 and typed_over_by_editor >= 2  # the sweep exercises both

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from efim_local.engine.stream import StopRules, TextStream
+from efim_local.engine.stream import StopRules, TextStream, typed_over
 from efim_local.prompt.templates import text_stops
 
 
@@ -67,7 +67,8 @@ def shown(rules: StopRules, chunks: list[bytes]) -> tuple[str, str | None]:
 
 RULES = [StopRules(stop_at_newline=True), StopRules(max_lines=1), StopRules(max_lines=2),
          StopRules(max_lines=3, stop_strings=("<END>", "\n\n\n")), StopRules(closers=")]"),
-         StopRules(closers='"', stop_at_newline=True)]
+         StopRules(closers='"', stop_at_newline=True), StopRules(closers=")]", type_over=True),
+         StopRules(closers='")', type_over=True, max_lines=2)]
 
 
 @given(text=st.text(st.sampled_from(list("ab \t\r\n<END>()[\"\\") + ["日", "🙂"]), max_size=40),
@@ -82,6 +83,8 @@ def test_what_is_shown_does_not_depend_on_token_boundaries(text, cuts, rules):
         assert text[len(out)] == "\n"  # cut at the end of a line
         n = rules.max_lines or 1
         assert out.lstrip().count("\n") == n - 1  # leading blank lines do not count
+    elif reason == "closer" and rules.type_over:  # typed over some of the closers, not all: cut at its line's end
+        assert text[len(out)] == "\n" and 0 < typed_over(out, rules.closers)[0] < len(rules.closers)
     elif reason == "closer":
         assert text[len(out)] == rules.closers[0]
     else:
@@ -113,6 +116,22 @@ def test_finish_after_a_stop_adds_nothing(rules, data):
 def test_an_answer_stops_where_it_would_close_an_auto_paired_closer(closer, text, shown_):
     out, reason = shown(StopRules(closers=closer), [text.encode()])
     assert out == shown_ and reason == ("closer" if out != text else None)
+
+
+@pytest.mark.parametrize("closers, text, shown_, replaces", [
+    (")", "est)", "est)", 1),                         # f(|) -> f(est)
+    (")", "est) + 1\nnext", "est) + 1\nnext", 1),     # all typed over: what follows is the suffix the model saw
+    ("))", "x), y)\nz", "x), y)\nz", 2),              # print(f(|)) -> print(f(x), y)
+    ("))", "x), y\nz", "x), y", 1),                   # one of two: its line ends the answer (z would sit inside)
+    ('")', 'abc", 1)', 'abc", 1)', 2),
+    (")", "no closer here", "no closer here", 0),
+])
+def test_an_answer_that_types_over_closers_goes_on_past_them(closers, text, shown_, replaces):
+    rules = StopRules(closers=closers, type_over=True)
+    out, reason = shown(rules, [text.encode()])
+    assert out == shown_ and rules.replaced(out) == replaces
+    assert reason == ("closer" if out != text else None)
+    assert StopRules(closers=closers).replaced(out) == 0  # without type_over nothing is replaced
 
 
 def answer(rules: StopRules, pieces: list[bytes]) -> tuple[str, str | None]:
