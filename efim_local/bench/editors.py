@@ -64,6 +64,7 @@ class Outcome:
     wait_ms: float | None = None  # round trip less the backend's own time: queueing and IPC
     source: str | None = None  # efim: computed, type-through, accept or cache (docs/protocol.md)
     text: str = ""  # the answer (efim; the simulated user of bench/user.py reads it)
+    replaces: int = 0  # characters after the cursor it replaces: the closers it typed over (type_over)
     pieces: list = field(default_factory=list)  # (time, text) of each piece streamed: the ghost as it grew
     total_ms: float | None = None  # the daemon's own time for it
 
@@ -178,7 +179,7 @@ class EfimEditor:
         out.context, out.evaluated, out.reanchor = res.get("context", {}), res["tokens"]["evaluated"], res["reanchor"]
         out.cached = res["tokens"]["cached"]
         out.source = res.get("source")
-        out.text, out.total_ms = res.get("text", ""), tm.get("total_ms")
+        out.text, out.total_ms, out.replaces = res.get("text", ""), tm.get("total_ms"), res.get("replaces", 0)
 
     def cancel(self, older: threading.Thread) -> None:
         """The user typed on: cancel the request if it still runs (its id is 1 on its connection)."""

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..engine.stream import typed_over
 from . import util as bu
 from .editors import EfimEditor, Fired, Outcome, Step, _position, spawn_efim
 
@@ -37,6 +38,11 @@ class Ghost:
     doc: str
     cursor: int
     text: str
+    replaces: int = 0  # the closers after the cursor it types over
+
+    def taking(self, text: str) -> int:
+        """How many characters after the cursor taking ``text`` (a form of it) replaces."""
+        return typed_over(text, self.doc[self.cursor:self.cursor + self.replaces])[0]
 
 
 def forms(text: str) -> list[tuple[str, str]]:
@@ -55,7 +61,7 @@ def accept_match(steps: list[Step], i: int, ghost: Ghost) -> tuple[int, str, str
     """(the step whose document accepting gives, form, text) if typing on from step ``i`` reaches
     exactly what accepting some form of ``ghost`` inserts; None if it does not."""
     for form, text in forms(ghost.text):
-        doc = ghost.doc[:ghost.cursor] + text + ghost.doc[ghost.cursor:]
+        doc = ghost.doc[:ghost.cursor] + text + ghost.doc[ghost.cursor + ghost.taking(text):]
         cur = ghost.cursor + len(text)
         for m in range(i, len(steps)):
             s = steps[m]
@@ -85,7 +91,7 @@ def user_replay(editor: EfimEditor, steps: list[Step], debounce_s: float, limit:
             if th.is_alive():
                 editor.cancel(th)  # the user acts first: no suggestion (not waited for, as in paced.replay)
             elif out.text and prev is not None and f.doc == prev.doc and f.cursor == prev.cursor:
-                ghost = Ghost(f.doc, f.cursor, out.text)
+                ghost = Ghost(f.doc, f.cursor, out.text, out.replaces)
             running = None
         hit = accept_match(steps, i, ghost) if ghost is not None and s.kind in ("key", "over") else None
         if hit is not None:
@@ -97,7 +103,7 @@ def user_replay(editor: EfimEditor, steps: list[Step], debounce_s: float, limit:
             rows.append(_row(f, out, after_accept=True))
             n_fired += 1
             shift += steps[m].t - s.t  # the typing it saved
-            prev, ghost = steps[m], (Ghost(f.doc, f.cursor, out.text) if out.text else None)
+            prev, ghost = steps[m], (Ghost(f.doc, f.cursor, out.text, out.replaces) if out.text else None)
             i = m + 1
             if patient_s > 0 and ghost is not None and i < len(steps):
                 shift = _wait(None, out, patient_s, read_s, t0 + steps[i].t - shift, shift)
@@ -106,7 +112,7 @@ def user_replay(editor: EfimEditor, steps: list[Step], debounce_s: float, limit:
             ch = s.change[2] if s.change else None
             if s.kind == "key" and ch and ghost.text.startswith(ch[:1]) and s.cursor == ghost.cursor + 1:
                 through += 1
-                ghost = Ghost(s.doc, s.cursor, ghost.text[1:]) if len(ghost.text) > 1 else None
+                ghost = Ghost(s.doc, s.cursor, ghost.text[1:], ghost.replaces) if len(ghost.text) > 1 else None
             else:
                 ghost = None
         editor.event(s, prev)
@@ -143,8 +149,9 @@ def _accept(editor: EfimEditor, prev: Step, ghost: Ghost, text: str, to: Step) -
     """Insert ``text`` as an editor's accept does, say so, and ask for the next suggestion."""
     editor.version += 1
     pos = _position(ghost.doc, ghost.cursor)
+    end = _position(ghost.doc, ghost.cursor + ghost.taking(text))
     editor.ctl.call("didChange", {"path": to.path, "version": editor.version, "contentChanges": [
-        {"range": {"start": pos, "end": pos}, "text": text}]})
+        {"range": {"start": pos, "end": end}, "text": text}]})
     editor.versions[id(to.doc)] = editor.version
     editor.ctl.notify("accepted", {"path": to.path, "id": "0", "text": ghost.text, "accepted": len(text)})
     f = Fired(-1, 0.0, to.path, to.doc, to.cursor, float("inf"))

@@ -35,6 +35,7 @@ from pygls.protocol.language_server import lsp_method
 from pygls.uris import to_fs_path
 
 from ..errors import CANCELLED, DaemonUnavailable, EfimError, one_line
+from ..prompt.windows import CLOSERS, MAX_CLOSERS
 from .relay import Relay
 from .settings import Settings
 from .sync import Sync, fs_path
@@ -52,6 +53,15 @@ def lsp_error(e: EfimError) -> JsonRpcException:
         return JsonRpcRequestCancelled(one_line(e.message))
     return JsonRpcException(one_line(e.message), e.code)
 
+
+
+def replaced(result: dict, cols: str, col: int) -> int | None:
+    """How many columns after the cursor the daemon's answer replaces (its ``replaces``: the closers
+    it typed over); None when that is not a count of closers there (the answer is not shown)."""
+    n = result.get("replaces", 0)
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_CLOSERS:
+        return None
+    return n if all(c in CLOSERS for c in cols[col:col + n]) and col + n <= len(cols) else None
 
 class Protocol(LanguageServerProtocol):
     """pygls' protocol with efim's document sync in place of pygls' own copy of the workspace, and
@@ -150,7 +160,10 @@ class EfimServer(LanguageServer):
                       end=t.Position(line, self.conv.to_units(cols, col)))
         typed = cols[start:col]
         # the version: the daemon refuses to complete any other text (a refused edit, a lost one)
-        p: dict[str, Any] = {"path": fs_path(uri), "position": {"line": line, "character": col}, "version": doc.version}
+        # type_over: the answer may go on past the closers the editor's auto-pairs put after the cursor
+        # (`f(|)`: `x)`, not `x`); the item's range then covers the closers it replaces
+        p: dict[str, Any] = {"path": fs_path(uri), "position": {"line": line, "character": col}, "version": doc.version,
+                             "type_over": True}
         if self.settings.max_tokens is not None:
             p["max_tokens"] = self.settings.max_tokens
         if self.settings.max_lines:
@@ -164,8 +177,11 @@ class EfimServer(LanguageServer):
         answered = time.perf_counter()
         self.status(result, (answered - received) * 1000, (answered - started) * 1000)
         text = result.get("text") or ""
-        if not text:
+        over = replaced(result, cols, col)
+        if not text or over is None:
             return t.InlineCompletionList(items=[])
+        if over:
+            rng.end = t.Position(line, self.conv.to_units(cols, col + over))
         cid = f"{next(self.completion_ids)}"
         item = t.InlineCompletionItem(
             insert_text=typed + text, range=rng,

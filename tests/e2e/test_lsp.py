@@ -83,17 +83,17 @@ def edit(client, version, start, end, text, uri=URI):
             range=t.Range(t.Position(*start), t.Position(*end)), text=text)]))
 
 
-def daemon_agrees(daemon, text, line, character, got, path="/work/proj/app.py", max_tokens=6):
+def daemon_agrees(daemon, text, line, character, got, path="/work/proj/app.py", max_tokens=6, **opts):
     """The daemon completes ``text`` at the same place of the same file as the LSP's request did, with
-    no re-anchoring (its synced copy was exactly ``text``), to the same text. ``daemon``: a Daemon or
-    a socket path."""
+    no re-anchoring (its synced copy was exactly ``text``), to the same text; returns its result.
+    ``daemon``: a Daemon or a socket path; ``opts``: more options of the request."""
     from efim_local.daemon.client import Client
 
     with Client(getattr(daemon, "sock", daemon)) as c:
         res = c.call("complete", {"path": path, "text": text, "position": {"line": line, "character": character},
-                                  "max_tokens": max_tokens})
+                                  "max_tokens": max_tokens, **opts})
     assert res["reanchor"] is None and res["text"] == got, res
-    return res["text"]
+    return res
 
 
 @pytest.mark.asyncio
@@ -162,6 +162,35 @@ async def test_newer_request_cancels_older_and_cancel_request(client, daemon):
     assert len((await inline(client, 701, 11)).items) == 1  # and it goes on serving
     with daemon.client() as c:
         assert c.call("status")["errors"] == 0
+
+
+@pytest.mark.asyncio
+async def test_an_answer_that_types_over_an_auto_paired_closer_replaces_it(client, daemon):
+    """Typing ``(`` makes the editor put ``)`` after the cursor. An answer that goes on past that
+    closer (``type_over``) comes as an item whose range covers it; the others' range ends at the
+    cursor. The daemon, asked the same, gives that text and says it replaces one character."""
+    import re
+
+    from tests.helpers import sources
+
+    src = sources()[0][:3000]
+    found = 0
+    for k, at in enumerate([m.end() - 1 for m in re.finditer(r"\b[a-z_]+\(", src)][5::7][:12]):
+        uri, text = f"file:///work/proj/over{k}.py", src[:at] + src[at + 1:]  # the call's "(" not typed yet
+        line, col = text.count("\n", 0, at), at - text.rfind("\n", 0, at) - 1
+        open_doc(client, text, uri)
+        await inline(client, line, col, uri)  # (the anchor)
+        edit(client, 2, (line, col), (line, col), "()", uri)
+        item = (await inline(client, line, col + 1, uri)).items
+        if not item:
+            continue
+        over = item[0].range.end.character - (col + 1)
+        assert item[0].range.start == t.Position(line, col + 1) and over in (0, 1)
+        res = daemon_agrees(daemon, text[:at] + "()" + text[at:], line, col + 1, item[0].insert_text,
+                            path=f"/work/proj/over{k}.py", type_over=True)
+        assert res.get("replaces", 0) == over and res["context"]["closers"] == ")"
+        found += over
+    assert found, "no answer typed over its closer"
 
 
 @pytest.mark.asyncio

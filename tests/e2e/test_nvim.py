@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 import efim_local
-from tests.helpers import REPO_GEOMETRY, ROOT, Daemon, make_repo
+from efim_local.engine.stream import typed_over
+from tests.helpers import REPO_GEOMETRY, ROOT, Daemon, make_repo, sources
 
 pynvim = pytest.importorskip("pynvim")
 
@@ -308,6 +309,38 @@ def test_ghost_streams_in_and_accept_inserts(nv, relay, tmp_path):
     acc = wait_for(lambda: relay.methods("accepted"))
     assert acc[-1]["params"] == {"path": str(src), "id": str(rid), "text": text, "accepted": len(text)}
     assert not re.search(r"deprecated|Error|E\d+:", nv.messages()), nv.messages()
+
+
+@every_neovim
+def test_a_ghost_that_types_over_a_closer_replaces_it(nv, relay, tmp_path):
+    """Auto-pairs leave ``name(|)``: a ghost that goes on past the ``)`` (``type_over``; the result's
+    ``replaces``) is drawn with the closer in its place, and Tab puts the text there, the closer
+    replaced: one ``)``, where inserting it would leave two."""
+    src = tmp_path / "over.py"
+    open_file(nv, src, sources()[1][:2500] + "\n", 'debounce_ms = 30, max_tokens = 8')
+    for name in ["print", "len", "str", "int", "isinstance", "sorted", "list", "range", "open", "max", "repr",
+                 "getattr", "hasattr", "tuple", "set", "dict", "min", "sum", "any", "all"]:
+        n = typed(nv, relay, "<Esc>Go" + name)
+        wait_for(lambda k=n: len(complete_requests(relay)) > k and relay.result_of(complete_requests(relay)[-1]["id"]))
+        n = typed(nv, relay, "()<Left>")  # typed as auto-pairs do: the caret between them
+        rid = wait_for(lambda k=n: len(complete_requests(relay)) > k and complete_requests(relay)[-1]["id"])
+        res = wait_for(lambda: relay.result_of(rid))["result"]
+        if res.get("replaces"):
+            break
+    else:
+        pytest.fail("no answer typed over its closer")
+    assert complete_requests(relay)[-1]["params"]["type_over"] is True
+    text = res["text"]
+    assert res["replaces"] == 1 and wait_for(lambda: nv.suggestion() == text)
+    at = typed_over(text, ")")[1] - 1  # where it types over the closer
+    marks = nv.marks()
+    if nv.api.funcs.has("nvim-0.10"):  # inline, around the closer in the buffer
+        drawn = [(m[2], m[3]["virt_text"][0][0]) for m in marks]
+        assert drawn == [(len(name) + 1, text[:at]), (len(name) + 2, text[at + 1:])][:1 + (at + 1 < len(text))]
+    else:  # over the closer, which ends the line
+        assert marks[0][2] == len(name) + 1 and marks[0][3]["virt_text_pos"] == "overlay"
+    nv.api.input("<Tab>")
+    assert wait_for(lambda: nv.api.current.line == name + "(" + text.split("\n")[0]), nv.api.current.line
 
 
 @every_neovim

@@ -280,3 +280,39 @@ def test_missing_efim_gets_a_clear_message(vscode, page):
     toast = page.wait_for_selector(".notifications-toasts :text('was not found')", timeout=60_000)
     assert "/nonexistent/bin/efim" in toast.text_content() and "efim.path" in toast.text_content()
     assert page.locator(".statusbar-item:has-text('efim: not found')").count() == 1
+
+
+@pytest.mark.parametrize("vscode", [{"editor.autoClosingBrackets": "always", "efim.maxTokens": 8}], indirect=True)
+def test_a_ghost_that_types_over_the_auto_closed_bracket_replaces_it(vscode, page, tmp_path):
+    """VS Code's auto-closing puts ``)`` after ``name(``. A completion that goes on past it comes with a
+    range over that ``)`` (the daemon's ``replaces``): Tab leaves ``name(text)`` with one closer."""
+    from efim_local.daemon.client import Client
+
+    url, ws, sock = vscode
+    open_app_at_its_end(page)
+    line = SOURCE.count("\n")  # the cursor's line (0-based)
+    for name in ("print", "len", "str", "int", "sorted", "list", "range", "open", "max", "repr", "getattr", "set",
+                 "dict", "min", "sum", "isinstance", "tuple", "any"):
+        page.keyboard.type(name + "(", delay=30)
+        deadline = time.monotonic() + 15
+        while not ghost_text(page).strip() and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        page.wait_for_timeout(300)
+        with Client(sock, timeout=30) as c:  # the same plan again: the daemon's answer (from its cache)
+            res = c.call("complete", {"path": str(ws / "app.py"), "position": {"line": line, "character": len(name) + 1},
+                                      "type_over": True, "max_tokens": 8, "max_lines": 1})
+        if res.get("replaces") and res["source"] == "cache" and ghost_text(page).strip():
+            break
+        page.keyboard.press("Escape")
+        page.keyboard.press("End")
+        page.keyboard.press("Enter")
+        line += 1
+    else:
+        pytest.fail("no answer typed over the auto-closed bracket")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Control+S")
+    want = name + "(" + res["text"]
+    deadline = time.monotonic() + 20
+    while want not in (ws / "app.py").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (ws / "app.py").read_text().split("\n")[line] == want, (res, (ws / "app.py").read_text())

@@ -28,3 +28,19 @@ def test_a_suggestion_is_accepted_when_typing_on_reaches_the_same_document():
     assert accept_match(steps, i, Ghost(at.doc, at.cursor, "    y = 1")) is None  # not what they type
     word = accept_match(steps, i, Ghost(at.doc, at.cursor, "    x.append(1)"))
     assert word is not None and word[1:] == ("word", "    x")
+
+
+def test_a_suggestion_that_types_over_a_closer_is_taken_in_its_place():
+    """In ``g(|)`` (auto-pairs), the ghost ``a)`` replaces the closer (``replaces`` 1): accepting it gives
+    the document the user reaches by typing ``a`` and over ``)``; without ``replaces`` all of it would
+    give ``g(a))``, which they never reach."""
+    before = "def f(a):\n    x = g\n    pass\n"
+    after = "def f(a):\n    x = g(a)\n    pass\n"
+    steps = typed(before, after)
+    i = next(k for k, s in enumerate(steps) if s.kind == "key" and s.doc.count("(") == 2)  # after "(" and its ")"
+    at = steps[i]
+    assert at.doc[at.cursor:at.cursor + 1] == ")"
+    hit = accept_match(steps, i + 1, Ghost(at.doc, at.cursor, "a)", replaces=1))
+    assert hit is not None and hit[1:] == ("full", "a)") and steps[hit[0]].kind == "over"  # the ")" typed over
+    assert steps[hit[0]].doc == at.doc[:at.cursor] + "a)" + at.doc[at.cursor + 1:]
+    assert accept_match(steps, i + 1, Ghost(at.doc, at.cursor, "a)"))[1] == "word"  # only "a" is reached

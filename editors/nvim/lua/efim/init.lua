@@ -20,6 +20,7 @@ local defaults = {
   socket = nil, -- default: $EFIM_SOCKET, else $XDG_RUNTIME_DIR/efim/efim.sock, else ~/.cache/efim/run/efim.sock
   max_tokens = 64,
   max_lines = nil, -- the most lines a ghost may have (nil: as many as max_tokens gives)
+  type_over = true, -- a ghost may go on past the closers auto-pairs put after the cursor, and replace them
   debounce_ms = 150,
   cursor_debounce_ms = 300, -- the cursor settled on another line: prefill the plan there (0: off)
   auto = true, -- request while typing; false: only on :EfimComplete
@@ -121,25 +122,66 @@ function M.dismiss()
   end
 end
 
+local OPENER = { [")"] = "(", ["]"] = "[", ["}"] = "{" }
+
+--- Where `text` types over `closers` (the auto-paired closers right after the cursor), in order: the
+--- byte offsets of those closers in `text` (as the daemon counts them: engine/stream.py typed_over).
+function M.typed_over(text, closers)
+  local at, out = 1, {}
+  for k = 1, #closers do
+    local c, depth, found = closers:sub(k, k), 0, nil
+    for i = at, #text do
+      local ch = text:sub(i, i)
+      if not OPENER[c] then -- a quote: the string ends at the next one not escaped
+        if ch == c and (i == at or text:sub(i - 1, i - 1) ~= "\\") then found = i break end
+      elseif ch == "(" or ch == "[" or ch == "{" then depth = depth + 1
+      elseif OPENER[ch] then
+        if depth == 0 and ch == c then found = i break end
+        depth = math.max(0, depth - 1)
+      end
+    end
+    if not found then break end
+    out[#out + 1], at = found, found + 1
+  end
+  return out
+end
+
 -- Draw `text` at origin `o` (buf, row, col, tick). `chain` carries what was offered and taken
--- so far when this is the rest of a partly accepted completion.
-local function show(o, text, res, chain)
+-- so far when this is the rest of a partly accepted completion. `over`: how many characters after
+-- the cursor it replaces (the closers it types over; default: the result's `replaces`).
+local function show(o, text, res, chain, over)
   if text == nil or text == "" then return end
   local hl = M.config.highlight
   local lines = vim.split(text, "\n", { plain = true })
+  local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
+  over = over or (res and tonumber(res.replaces)) or 0
+  local at = M.typed_over(text, line:sub(o.col + 1, o.col + over))
+  if #at ~= over then at, over = {}, 0 end -- (not what the daemon said: nothing replaced)
+  local split = over > 0 and at[over] <= #lines[1] -- the closers it types over are on its first line
   local opts = { virt_text = { { lines[1], hl } }, hl_mode = "combine" }
-  if has_inline then
+  local pieces = {} -- inline, a ghost that types over closers is drawn between them: `f(est|)` shows `f(est)`
+  if has_inline and split then
+    opts.virt_text_pos = "inline"
+    local from = 1
+    for k, i in ipairs(at) do
+      if k == 1 then opts.virt_text[1][1] = lines[1]:sub(1, i - 1)
+      else pieces[#pieces + 1] = { o.col + k - 1, lines[1]:sub(from, i - 1) } end
+      from = i + 1
+    end
+    pieces[#pieces + 1] = { o.col + over, lines[1]:sub(from) }
+  elseif has_inline then
     opts.virt_text_pos = "inline"
   else
-    local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
     -- Before 0.10 a ghost in the middle of a line can only be drawn after the line's end, where
-    -- more than one word reads as garbage (`name.st.split()).lower() rip()`): one word only.
-    if o.col < #line and (#lines > 1 or text:find("%s")) then
+    -- more than one word reads as garbage (`name.st.split()).lower() rip()`): one word only; or over
+    -- the closers it types over, when they end the line.
+    local ends_line = o.col + (split and over or 0) >= #line
+    if not ends_line and (#lines > 1 or text:find("%s")) then
       if st.ghost then M.dismiss() end
       vim.api.nvim_buf_clear_namespace(o.buf, ns, 0, -1)
       return
     end
-    opts.virt_text_pos = (o.col >= #line) and "overlay" or "eol"
+    opts.virt_text_pos = ends_line and "overlay" or "eol"
   end
   if #lines > 1 then
     opts.virt_lines = {}
@@ -153,14 +195,19 @@ local function show(o, text, res, chain)
   end
   vim.api.nvim_buf_clear_namespace(o.buf, ns, 0, -1)
   vim.api.nvim_buf_set_extmark(o.buf, ns, o.row, o.col, opts)
+  for _, p in ipairs(pieces) do
+    if p[2] ~= "" then
+      vim.api.nvim_buf_set_extmark(o.buf, ns, o.row, p[1], { virt_text = { { p[2], hl } }, virt_text_pos = "inline",
+                                                            hl_mode = "combine" })
+    end
+  end
   if info_eol then
     vim.api.nvim_buf_set_extmark(o.buf, ns, o.row, 0, { virt_text = { { info, M.config.info_highlight } },
                                                         virt_text_pos = "eol", hl_mode = "combine" })
   end
   chain = chain or { offered = text, taken = 0 }
-  local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
   st.ghost = { buf = o.buf, row = o.row, col = o.col, tick = o.tick, id = o.id, path = o.path, text = text,
-               res = res, offered = chain.offered, taken = chain.taken, line = line }
+               res = res, offered = chain.offered, taken = chain.taken, line = line, over = at }
 end
 
 -- How many bytes of the ghost were typed since it was shown (0: the change is not typing it): the
@@ -177,9 +224,16 @@ end
 
 -- The user typed the ghost's next characters: keep showing the rest where the cursor now is (the
 -- daemon answers the request that follows from what it generated: the same text, or more).
+-- How many of the closers the ghost types over come after its first `n` bytes.
+local function left_over(g, n)
+  local k = 0
+  for _, i in ipairs(g.over) do if i > n then k = k + 1 end end
+  return k
+end
+
 local function type_through(g, n)
   show({ buf = g.buf, row = g.row, col = g.col + n, tick = vim.b[g.buf].changedtick, id = g.id, path = g.path },
-    g.text:sub(n + 1), g.res, g)
+    g.text:sub(n + 1), g.res, g, left_over(g, n))
 end
 
 -- -- requests -------------------------------------------------------------------------------------
@@ -224,7 +278,8 @@ send_complete = function(req)
   req.entry = rpc.request("complete", function()
     local doc = sync.ensure(o.buf) -- (again) when retried on a new connection
     return { path = doc and doc.path or o.path, position = sync.position(o.buf, o.row, o.col),
-             max_tokens = M.config.max_tokens, max_lines = M.config.max_lines, stream = M.config.stream }
+             max_tokens = M.config.max_tokens, max_lines = M.config.max_lines, stream = M.config.stream,
+             type_over = M.config.type_over }
   end, function(msg) on_result(req, msg) end, {
     on_partial = function(piece, id)
       if st.req ~= req then return end
@@ -272,16 +327,17 @@ local function accept(pick)
   local part = pick and pick(g.text) or g.text
   local rest = g.text:sub(#part + 1)
   local lines = vim.split(part, "\n", { plain = true })
+  local over = #g.over - left_over(g, #part) -- the closers this part types over: it replaces them
   vim.api.nvim_buf_clear_namespace(g.buf, ns, 0, -1)
   st.ghost = nil
-  vim.api.nvim_buf_set_text(g.buf, g.row, g.col, g.row, g.col, lines)
+  vim.api.nvim_buf_set_text(g.buf, g.row, g.col, g.row, g.col + over, lines)
   local row = g.row + #lines - 1
   local col = (#lines == 1) and (g.col + #part) or #lines[#lines]
   vim.api.nvim_win_set_cursor(0, { row + 1, col })
   g.taken = g.taken + sync.cp_len(part)
   if rest ~= "" then
     show({ buf = g.buf, row = row, col = col, tick = vim.b[g.buf].changedtick, id = g.id, path = g.path }, rest,
-      g.res, g)
+      g.res, g, left_over(g, #part))
   else
     report_accepted(g)
     st.accepted_tick = vim.b[g.buf].changedtick -- the next completion is asked for at once: it is ready
