@@ -176,9 +176,9 @@ def cached_completion(hit: tuple, prompt: Prompt) -> Completion:
     text, reason, ids, _, layout, context, replaces = hit
     n = len(prompt.tokens)
     # nothing from the KV (cached 0, cache_tier none), nothing evaluated
-    return Completion(text=text, stop_reason=reason, layout=layout, source="cache", context=dict(context), replaces=replaces,
-                      tokens=TokenCounts(prompt=n, cached=0, evaluated=0, generated=len(ids)), token_ids=list(ids),
-                      prompt=prompt)
+    return Completion(text=text, stop_reason=reason, layout=layout, source="cache", context=dict(context),
+                      replaces=replaces, tokens=TokenCounts(prompt=n, cached=0, evaluated=0, generated=len(ids)),
+                      token_ids=list(ids), prompt=prompt)
 
 
 def heal_left(model, s: Shown) -> bytes:

@@ -324,7 +324,7 @@ def test_a_ghost_that_types_over_a_closer_replaces_it(nv, relay, tmp_path):
         wait_for(lambda k=n: len(complete_requests(relay)) > k and relay.result_of(complete_requests(relay)[-1]["id"]))
         n = typed(nv, relay, "()<Left>")  # typed as auto-pairs do: the caret between them
         rid = wait_for(lambda k=n: len(complete_requests(relay)) > k and complete_requests(relay)[-1]["id"])
-        res = wait_for(lambda: relay.result_of(rid))["result"]
+        res = wait_for(lambda r=rid: relay.result_of(r))["result"]
         if res.get("replaces"):
             break
     else:
