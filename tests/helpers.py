@@ -191,13 +191,14 @@ class Daemon:
     The latency budget is off (``max_prompt_ms = 0``) unless ``budget_ms`` is given: protocol tests
     assert exact token counts, which a budget learned on a loaded test machine may reduce. The
     budget has tests of its own (tests/engine/test_budget.py, an injected speed). Token healing is
-    off too (``heal = false``; its default has tests/engine/test_subtoken.py)."""
+    off too unless ``heal`` (its default has tests/engine/test_subtoken.py)."""
 
-    def __init__(self, tmp: Path, model: Path, *extra: str, budget_ms: float = 0.0, config: str = ""):
+    def __init__(self, tmp: Path, model: Path, *extra: str, budget_ms: float = 0.0, config: str = "",
+                 heal: bool = False):
         """``config``: more config.toml lines (after the defaults above, which they may not repeat)."""
         self.sock = tmp / "run" / "efim.sock"
         tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / "config.toml").write_text(f"max_prompt_ms = {budget_ms}\nheal = false\n{config}")
+        (tmp / "config.toml").write_text(f"max_prompt_ms = {budget_ms}\nheal = {str(heal).lower()}\n{config}")
         self.env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CACHE_HOME=str(tmp / "cache"),
                         EFIM_CONFIG=str(tmp / "config.toml"))
         self.args = [sys.executable, "-m", "efim_local.cli", "serve", "--socket", str(self.sock),

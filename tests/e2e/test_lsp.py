@@ -164,8 +164,20 @@ async def test_newer_request_cancels_older_and_cancel_request(client, daemon):
         assert c.call("status")["errors"] == 0
 
 
+@pytest_asyncio.fixture
+async def healing(tmp_path, tiny_model):
+    """A daemon that heals (the random-weight model then mostly answers a typed ``(`` with its ``()``
+    token: a ``)`` to type over) and a client of it."""
+    d = Daemon(tmp_path / "healing", tiny_model, heal=True).start()
+    c = await start_client(d.env, "--socket", str(d.sock))
+    yield c, d
+    await c.shutdown_session()
+    await c.stop()
+    d.stop()
+
+
 @pytest.mark.asyncio
-async def test_an_answer_that_types_over_an_auto_paired_closer_replaces_it(client, daemon):
+async def test_an_answer_that_types_over_an_auto_paired_closer_replaces_it(healing):
     """Typing ``(`` makes the editor put ``)`` after the cursor. An answer that goes on past that
     closer (``type_over``) comes as an item whose range covers it; the others' range ends at the
     cursor. The daemon, asked the same, gives that text and says it replaces one character."""
@@ -173,6 +185,7 @@ async def test_an_answer_that_types_over_an_auto_paired_closer_replaces_it(clien
 
     from tests.helpers import sources
 
+    client, daemon = healing
     src = sources()[0][:3000]
     found = 0
     for k, at in enumerate([m.end() - 1 for m in re.finditer(r"\b[a-z_]+\(", src)][5::7][:12]):
