@@ -150,18 +150,27 @@ class Relay:
             s.close()
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_model):
-    d = Daemon(tmp_path_factory.mktemp("nvim-daemon"), tiny_model).start()
+def serving(tmp: Path, model: Path, **kw):
+    """A daemon for the fixtures below (``kw``: Daemon's), stopped after."""
+    d = Daemon(tmp, model, **kw).start()
     yield d
     d.stop()
 
 
-@pytest.fixture
-def relay(tmp_path, daemon):
-    r = Relay(tmp_path / "relay.sock", daemon.sock)
+def relaying(path: Path, sock: Path):
+    r = Relay(path, sock)
     yield r
     r.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, tiny_model):
+    yield from serving(tmp_path_factory.mktemp("nvim-daemon"), tiny_model)
+
+
+@pytest.fixture
+def relay(tmp_path, daemon):
+    yield from relaying(tmp_path / "relay.sock", daemon.sock)
 
 
 class Nvim:
@@ -315,16 +324,12 @@ def test_ghost_streams_in_and_accept_inserts(nv, relay, tmp_path):
 def healing(tmp_path_factory, tiny_model):
     """A daemon that heals: the random-weight model then mostly answers a typed ``(`` with its ``()``
     token, a ``)`` to type over."""
-    d = Daemon(tmp_path_factory.mktemp("nvim-healing"), tiny_model, heal=True).start()
-    yield d
-    d.stop()
+    yield from serving(tmp_path_factory.mktemp("nvim-healing"), tiny_model, heal=True)
 
 
 @pytest.fixture
 def healing_relay(tmp_path, healing):
-    r = Relay(tmp_path / "relay-healing.sock", healing.sock)
-    yield r
-    r.close()
+    yield from relaying(tmp_path / "relay-healing.sock", healing.sock)
 
 
 @every_neovim
