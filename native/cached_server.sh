@@ -10,9 +10,12 @@ DIR="${EFIM_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/efim/llama-server}/$LL
 BIN="$DIR/llama-server"
 if [ ! -x "$BIN" ]; then
     mkdir -p "$DIR"
+    # A build directory of its own: two clones building at once (two CI jobs, a worktree's tests)
+    # would otherwise share one CMake cache, which refuses a second source tree.
+    BUILD="$(mktemp -d "$DIR/build.XXXXXX")"
+    trap 'rm -rf "$BUILD"' EXIT
     # The build's own output goes to stderr: stdout is the path alone.
-    EFIM_NATIVE_BUILD="$DIR/build" bash "$NATIVE_DIR/build_server.sh" >&2
-    cp "$DIR/build/server/bin/llama-server" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
-    rm -rf "$DIR/build"
+    EFIM_NATIVE_BUILD="$BUILD" bash "$NATIVE_DIR/build_server.sh" >&2
+    cp "$BUILD/server/bin/llama-server" "$BIN.$$" && mv "$BIN.$$" "$BIN"
 fi
 echo "$BIN"
