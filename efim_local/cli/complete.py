@@ -165,7 +165,7 @@ def status(as_json, **model_kw):
         from ..kv.settings import store_config
 
         with open_engine(cfg.with_overrides(store=False)) as engine:
-            if cfg.store and engine.remote is None:  # the speed a daemon or an earlier run learned here
+            if cfg.store and engine.backend.own_speed:  # the speed a daemon or an earlier run learned here
                 engine.speed = load_speed(speed_path(store_config(cfg).dir, engine.model.path,
                                                      cfg.context), engine.policy) or engine.speed
             engine.status_report.measure_cores()  # nothing has decoded yet: a window of its own

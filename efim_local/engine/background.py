@@ -133,7 +133,7 @@ class Growth:
         f = engine.files.get(path)
         session = f.session
         near = planner.near_anchor(full, engine.config.max_tokens)
-        if (near is None or session.layout != "efim" or engine.remote is not None
+        if (near is None or session.layout != "efim" or not engine.backend.local_kv
                 or len(partial.prefix_tokens) - partial.head >= len(near.prefix_tokens)
                 or (partial.base == 0 and partial.head >= policy.head_over_near * len(near.prefix_tokens))):
             return None
@@ -173,7 +173,7 @@ class Growth:
         growth has passed comes first when it lacks more than ``policy.stale`` tokens of the text typed since
         (which a keystroke taking it would pay for), then those ahead; stages a slot holds are left out."""
         engine = self.engine
-        if session.layout != "efim" or engine.remote is not None:  # (replicas: the whole plan at once)
+        if session.layout != "efim" or not engine.backend.local_kv:  # (replicas: the whole plan at once)
             return []
         typed = tokens[len(planner.stable_tokens("efim", full)):]
         # (A slot a request runs in counts: computing its plan again elsewhere would cut the stage ahead

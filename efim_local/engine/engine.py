@@ -24,12 +24,13 @@ from ..prompt.healing import Healer
 from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, near_share
 from ..request import CompletionRequest, Options
 from . import background, tokenizing
+from .backends import Local, Replicas
 from .completion import Completion
 from .cpu import FreeCores
 from .decode import Decoder, Links, drive
 from .files import Files
 from .instant import Instant, Trail, model_key
-from .models import KIND_FRAGMENT, choose_heal, choose_layout, model_kind, remote_heal
+from .models import KIND_FRAGMENT, choose_layout, model_kind
 from .pace import Pace
 from .policy import Policy
 from .reuse import Reuse
@@ -66,103 +67,118 @@ class Engine:
     Use it as a context manager; ``close()`` saves dirty slots, then frees everything in
     reverse order of creation. ``policy``: its timing and scheduling tunables and its clock
     (``policy.py``; None: the defaults). ``pool(model)``: the replicas that run its requests first,
-    the local model behind them (``remote.open_remote``)."""
+    the local model behind them (``remote.open_remote``). Where its prompts are decoded is its
+    ``backend`` (``backends.py``: here, or replicas first), which the parts that differ ask."""
 
-    remote = None  # a backend.Pool: replicas run its requests first (engine/remote.py)
     repo = None  # repoctx.RepoLeads: repository context before the files' prefixes (config repo_context)
     repo_build = None  # repobuild.RepoBuild: its idle steps (config repo_context)
+    local_model = True  # weights and a context: prompts can decode here (with replicas: a fallback)
 
     def __init__(self, config: Config, model_path: str | Path, store: StoreConfig | None = None,
                  policy: Policy | None = None, pool: Callable[[Model], Pool] | None = None):
         self.config = config
-        self.policy = policy = Policy() if policy is None else policy
+        self.policy = Policy() if policy is None else policy
         with ExitStack() as stack:
-            self.model = stack.enter_context(
-                Model(model_path, n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu))
-            if pool is not None:
-                self.remote = pool(self.model)
-            stack.callback(tokenizing.drain)  # a tokenize call idle work left running reads the model
+            self.model = self._open_model(stack, model_path)
+            # The pool opens once the model is loaded: the ids the replicas name are checked against its
+            # vocabulary.
+            self.backend = Local(self) if pool is None else Replicas(self, pool(self.model), self.local_model)
             self.template, self.planner = make_planner(self.model, config)
-            self.sparse = None
-            if config.sparse_budget > 0:
-                from ..kv.sparse.select import SelectConfig
-                from ..kv.sparse.sparse import SparseMode
-
-                self.sparse = SparseMode(self.model, Path(model_path), SelectConfig(
-                    budget=config.sparse_budget, alpha=config.sparse_alpha), config.sparse_min_tokens)
-            # Only a context that restores states needs the (slower) eval callback.
-            cb = self.sparse.eval_callback if self.sparse and store is not None else None
-            self.ctx = stack.enter_context(Context(self.model, config.context, cb))
-            self.batch = stack.enter_context(Batch(self.ctx.n_batch, config.context.n_slots))
-            self.slots = SlotManager(config.context.n_slots)
             self.files = Files()
-            # Sliding-window caches keep only the window when serialized: restore whole states only.
-            self.swa = self.model.n_swa > 0
-            self.swa_strategy = ("swa_full" if config.context.swa_full else "recompute") if self.swa else "none"
-            self.n_stream = 1 if config.context.kv_unified else config.context.n_slots
-            self.store = None
-            if store is not None:
-                import llama_cpp
-
-                params = layout_params(config.context, llama_cpp.__version__)
-                # A store that cannot be used (full disk, not a directory) is None, with one warning.
-                shrink = self.sparse.shrink if self.sparse is not None and self.sparse.skew is not None else None
-                self.store = StateStore.open(store, model_path, layout_key(params), params, self.swa, shrink)
-                if self.store is not None:
-                    stack.enter_context(self.store)
-                if self.store is not None and self.sparse is not None:
-                    self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
-            cp = config.context
-            # Automatic threads; not with flash attention, whose single-token split over the KV follows
-            # the thread count (the answer must not depend on the machine's load).
-            auto = not (cp.n_threads and cp.n_threads_batch) and not cp.flash_attn
-            self.cores = FreeCores(policy=policy) if auto else None
-            # With replicas the budget's speed is theirs (remote_steps learns it); local prefills (a
-            # fallback) learn their own, which the budget does not ask.
-            observe = ((lambda n, c, ms: self.speed.observe(n, c, ms)) if self.remote is None
-                       else PrefillSpeed(policy=policy).observe)
-            links = Links(observe=observe,
-                          predict_ms=lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None,
-                          fit=self.fit_threads,  # per decode: one long answer adapts too
-                          markers=self.template.markers,
-                          free_cores=lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1))
-            self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens, policy,
-                                   links, drafting=config.drafts)
-            self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
-            self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
-            self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
-            self.pace = Pace(policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
-            self.runner = Runner(self)  # requests as steps: the budget's plan, the slot, prefill, generation
-            self.growth = background.Growth(self)  # work for requests to come: growth, prefill, idle chunks
-            self.status_report = StatusReport(self)  # ``efim status`` and the daemon's status
-            self.instant = Instant(self.model, model_key(model_path), self.decoder.ends, config.answer_cache)
-            self.trail = Trail(self)  # the shown answer's continuation, extended while idle
-            self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
-                               self.n_stream, self.swa)
-            self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
-            text_markers = self.template.source == "text"
-            self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
-            self.default_heal, self.heal_reason = (
-                choose_heal(self.model.meta, text_markers, config.heal) if self.remote is None
-                else remote_heal(self.remote, self.model.meta, text_markers, config.heal))
-            self._learn_speed(store, model_path)
-            if config.repo_context:
-                from .repobuild import RepoBuild
-                from .repoctx import RepoLeads
-
-                self.repo = RepoLeads(self, Path(store.dir) / "repo" if store is not None else None)
-                stack.callback(self.repo.close)
-                self.repo_build = RepoBuild(self)
-            if self.store is not None:  # last in, first out: saves run before the store closes
-                stack.callback(self._save_all)
+            ends = self._open_decoding(stack, model_path, store)
+            self._open_parts(model_path, ends)
             self._stack = stack.pop_all()
+
+    def _open_model(self, stack: ExitStack, model_path: str | Path) -> Model:
+        """The model, with its weights."""
+        model = stack.enter_context(Model(model_path, n_gpu_layers=self.config.n_gpu_layers,
+                                          main_gpu=self.config.main_gpu))
+        stack.callback(tokenizing.drain)  # a tokenize call idle work left running reads the model
+        return model
+
+    def _open_decoding(self, stack: ExitStack, model_path: str | Path, store: StoreConfig | None):
+        """What decoding here takes: the context, its slots and their KV's reuse, the state store, the
+        decoder and the learned speed; the repository context (config ``repo_context``). Returns
+        ``ends(token)``: whether a token ends a generation."""
+        config, policy = self.config, self.policy
+        self.sparse = None
+        if config.sparse_budget > 0:
+            from ..kv.sparse.select import SelectConfig
+            from ..kv.sparse.sparse import SparseMode
+
+            self.sparse = SparseMode(self.model, Path(model_path), SelectConfig(
+                budget=config.sparse_budget, alpha=config.sparse_alpha), config.sparse_min_tokens)
+        # Only a context that restores states needs the (slower) eval callback.
+        cb = self.sparse.eval_callback if self.sparse and store is not None else None
+        self.ctx = stack.enter_context(Context(self.model, config.context, cb))
+        self.batch = stack.enter_context(Batch(self.ctx.n_batch, config.context.n_slots))
+        self.slots = SlotManager(config.context.n_slots)
+        # Sliding-window caches keep only the window when serialized: restore whole states only.
+        self.swa = self.model.n_swa > 0
+        self.swa_strategy = ("swa_full" if config.context.swa_full else "recompute") if self.swa else "none"
+        self.n_stream = 1 if config.context.kv_unified else config.context.n_slots
+        self.store = None
+        if store is not None:
+            import llama_cpp
+
+            params = layout_params(config.context, llama_cpp.__version__)
+            # A store that cannot be used (full disk, not a directory) is None, with one warning.
+            shrink = self.sparse.shrink if self.sparse is not None and self.sparse.skew is not None else None
+            self.store = StateStore.open(store, model_path, layout_key(params), params, self.swa, shrink)
+            if self.store is not None:
+                stack.enter_context(self.store)
+            if self.store is not None and self.sparse is not None:
+                self.sparse.attach(self.ctx, self.batch, self.n_stream, self.model.n_swa)
+        cp = config.context
+        # Automatic threads; not with flash attention, whose single-token split over the KV follows
+        # the thread count (the answer must not depend on the machine's load).
+        auto = not (cp.n_threads and cp.n_threads_batch) and not cp.flash_attn
+        self.cores = FreeCores(policy=policy) if auto else None
+        links = Links(observe=self.backend.observe,  # (with replicas the budget's speed is theirs)
+                      predict_ms=lambda n, c: self.speed.predict_ms(n, c) if self.speed.known else None,
+                      fit=self.fit_threads,  # per decode: one long answer adapts too
+                      markers=self.template.markers,
+                      free_cores=lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1))
+        self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens, policy,
+                               links, drafting=config.drafts)
+        self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
+        self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
+                           self.n_stream, self.swa)
+        self._learn_speed(store, model_path)
+        if config.repo_context:
+            from .repobuild import RepoBuild
+            from .repoctx import RepoLeads
+
+            self.repo = RepoLeads(self, Path(store.dir) / "repo" if store is not None else None)
+            stack.callback(self.repo.close)
+            self.repo_build = RepoBuild(self)
+        if self.store is not None:  # last in, first out: saves run before the store closes
+            stack.callback(self._save_all)
+        return self.decoder.ends
+
+    def _open_parts(self, model_path: str | Path, ends: Callable[[int], bool]) -> None:
+        """What every engine has, wherever its prompts are decoded: the objects that do its work, the
+        answer cache and the trail, its default layout and healing."""
+        config = self.config
+        self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
+        self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
+        self.pace = Pace(self.policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
+        self.runner = Runner(self)  # requests as steps: the budget's plan, the slot, prefill, generation
+        self.growth = background.Growth(self)  # work for requests to come: growth, prefill, idle chunks
+        self.status_report = StatusReport(self)  # ``efim status`` and the daemon's status
+        self.instant = Instant(self.model, model_key(model_path), ends, config.answer_cache)
+        self.trail = Trail(self)  # the shown answer's continuation, extended while idle
+        self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
+        text_markers = self.template.source == "text"
+        self.default_layout, self.layout_reason = choose_layout(self.model.meta, config.layout, text_markers)
+        self.default_heal, self.heal_reason = self.backend.choose_heal(self.model.meta, text_markers, config.heal)
 
     def _learn_speed(self, store: StoreConfig | None, model_path) -> None:
         """The prefill speed, learned from every prefill; the latency budget asks it. Saved beside the
         states, it serves the next start (and in-process runs) at once. With replicas it is theirs:
         neither loaded nor saved as this machine's speed."""
         self.speed_file = None
-        if self.store is not None and self.remote is None:
+        if self.store is not None and self.backend.own_speed:
             self.speed_file = speed_path(store.dir, model_path, self.config.context)
         self.speed = ((load_speed(self.speed_file, self.policy) if self.speed_file else None)
                       or PrefillSpeed(policy=self.policy))
@@ -216,7 +232,7 @@ class Engine:
         machine; a fresh daemon's first guess) and grows back only when the bigger share computes
         within ``policy.near_regrow`` of that, ``policy.near_resize_s`` after its last change at the
         soonest, so near windows stay put while the speed wavers."""
-        if not self.speed.known or self.remote is not None:
+        if not self.speed.known or not self.backend.own_speed:  # (replicas: the speed is theirs)
             return
         policy = self.policy
         sized, clock = self._near_sized_at, policy.clock()

@@ -88,8 +88,8 @@ class FollowUp:
         """A keystroke made ``version`` of an open document: begin the answer at its caret now, as
         the request after the editor's debounce will ask it (with the file's last request's options),
         unless the keystroke typed on what the file's trail knows (Runner.keystroke_steps)."""
-        if not self.engine.policy.answer_at_keystroke or self.engine.remote is not None:
-            return  # (remote: a team's servers would answer every keystroke)
+        if not self.engine.policy.answer_at_keystroke or not self.engine.backend.local_kv:
+            return  # (replicas: a team's servers would answer every keystroke)
 
         def answer(engine, should_stop):
             how = self.how.get(path)

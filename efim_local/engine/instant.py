@@ -205,7 +205,7 @@ class Trail:
         when the slot lost the KV."""
         engine = self.engine
         s = engine.instant.shown.get(path) if engine.instant is not None else None
-        if s is None or engine.remote is not None:  # remote: the trail is the server's
+        if s is None or not engine.backend.local_kv:  # replicas: the trail is the server's
             return
 
         target = min(s.n_answer + s.max_tokens, engine.config.context.n_ctx_seq - len(s.prompt) - 1)

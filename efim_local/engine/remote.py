@@ -7,6 +7,9 @@ Two ways to run with replicas:
   weights, no context): planning, anchors and stop rules are local, decoding is the replicas';
 - replicas first, the local model behind them (``local_fallback``): the full engine, with a pool
   attached; a request every replica failed runs in-process.
+
+Either way the engine's backend is ``backends.Replicas``; the two differ only in what the engine
+loads and builds for decoding here (``RemoteEngine`` overrides those two steps of the constructor).
 """
 
 from __future__ import annotations
@@ -21,18 +24,12 @@ from ..backend import Pool
 from ..config import Config
 from ..llama import Model
 from ..prompt.healing import Healer
-from .background import Growth
 from .decode import ends
-from .engine import Engine, make_planner
-from .files import Files
-from .instant import Instant, Trail, model_key
-from .models import KIND_FRAGMENT, choose_layout, describe, model_kind, remote_heal
-from .pace import Pace
+from .engine import Engine
+from .models import describe
 from .policy import Policy
-from .run import Runner
 from .slots import SlotManager
 from .speed import PrefillSpeed
-from .status import StatusReport
 
 log = logging.getLogger("efim.engine")
 
@@ -67,33 +64,28 @@ class _NoReuse:
 
 
 class RemoteEngine(Engine):
-    """An engine whose decoding is the replicas': the vocabulary only, no weights, no context."""
+    """An engine whose decoding is the replicas': the vocabulary only, no weights, no context. It is
+    built as any engine is (``Engine.__init__``): only its model and what decoding takes differ."""
 
     decoder = None  # no local decoding (background work asks)
+    local_model = False  # a request every replica failed fails (nothing runs it here)
 
     def __init__(self, config: Config, model_path: str | Path, policy: Policy | None = None):
-        self.config = config
-        self.policy = policy = Policy() if policy is None else policy
-        with ExitStack() as stack:
-            self.model = stack.enter_context(Model(model_path, vocab_only=True))
-            self.template, self.planner = make_planner(self.model, config)
-            self.remote = open_pool(config, self.model)
-            # No local KV. Type-through, accept and the answer cache need none: the replica's slot
-            # holds the prompt and the answer's tokens, and the trail is the ids the server named.
-            self.sparse = self.store = self.cores = self.speed_file = None
-            self.instant = Instant(self.model, model_key(model_path), self._ends, config.answer_cache)
-            self.trail = Trail(self)
-            self.slots, self.files, self.reuse = SlotManager(0), Files(), _NoReuse()
-            self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
-            self.speed, self._saved_speed = PrefillSpeed(policy=policy), 0
-            self.pace, self.patience_s = Pace(policy), 0.0  # (no local batches: idle work never holds for a request)
-            self.runner, self.growth, self.status_report = Runner(self), Growth(self), StatusReport(self)
-            self.fragment_trained = model_kind(self.model.meta) == KIND_FRAGMENT
-            self.default_layout, self.layout_reason = choose_layout(
-                self.model.meta, config.layout, self.template.source == "text")
-            self.default_heal, self.heal_reason = remote_heal(self.remote, self.model.meta,
-                                                              self.template.source == "text", config.heal)
-            self._stack = stack.pop_all()
+        super().__init__(config, model_path, policy=policy, pool=lambda model: open_pool(config, model))
+
+    def _open_model(self, stack: ExitStack, model_path: str | Path) -> Model:
+        """The model's vocabulary only: planning, anchors and stop rules are local."""
+        return stack.enter_context(Model(model_path, vocab_only=True))
+
+    def _open_decoding(self, stack: ExitStack, model_path: str | Path, store):
+        """No local KV. Type-through, accept and the answer cache need none: the replica's slot holds
+        the prompt and the answer's tokens, and the trail is the ids the server named."""
+        self.sparse = self.store = self.cores = self.speed_file = None
+        self.slots, self.reuse = SlotManager(0), _NoReuse()
+        self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
+        self.speed, self._saved_speed = PrefillSpeed(policy=self.policy), 0
+        self.patience_s = 0.0  # (no local batches: idle work never holds for a request)
+        return self._ends
 
     @functools.cached_property
     def healer(self) -> Healer:
@@ -119,7 +111,7 @@ class RemoteEngine(Engine):
                 "layout": self.default_layout, "layout_reason": self.layout_reason,
                 "heal": self.default_heal, "heal_reason": self.heal_reason, "template": self.template.source,
                 "n_slots": 0, "n_ctx_seq": self.config.context.n_ctx_seq, "slots": [], "store": None,
-                "backend": self.remote.status()}
+                "backend": self.backend.status()}
 
 
 def open_remote(config: Config, model_path: str | Path, store=None, policy: Policy | None = None) -> Engine:

@@ -1,6 +1,6 @@
 """A token prompt run by a remote replica (``backend/``), answered as an in-process run is: stop
-rules, streaming text, cancellation, healing, the same Completion (``Runner.run_steps`` hands it over
-to :class:`RemoteSteps` when the engine has replicas; the engines themselves are in ``remote.py``).
+rules, streaming text, cancellation, healing, the same Completion (``Runner.run_steps`` hands it to
+the engine's backend, ``backends.Replicas``, which runs it here; the engines are in ``remote.py``).
 
 The engine thread never waits on the network: each remote call streams on its own thread
 (``backend.pool``); a step here takes what arrived, and when nothing did for any call, waits on the
@@ -70,15 +70,15 @@ class _Run:
 
 
 class RemoteSteps:
-    """An engine's token prompts run by its replicas (``engine.remote``), as the module's docstring
-    says; the engine's :class:`run.Runner` builds it and hands it a prompt when the engine has
-    replicas (``runner.replicas``)."""
+    """An engine's token prompts run by ``pool``'s replicas, as the module's docstring says; its
+    backend (``backends.Replicas``) builds it and hands it the prompts. ``fallback``: the engine has
+    a local model, which runs a request every replica failed before any text went out."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, pool, fallback: bool):
+        self.engine, self.pool, self.fallback = engine, pool, fallback
 
     def run_steps(self, prompt, how, ro, rules: StopRules):
-        """Run ``prompt`` on ``engine.remote`` (steps, as ``Runner.run_steps``); returns a Completion, or
+        """Run ``prompt`` on the replicas (steps, as ``Runner.run_steps``); returns a Completion, or
         None when every replica failed before any text went out and the engine has a local model."""
         run = _Run(ro.t0 if ro.t0 is not None else time.perf_counter(), TextStream(rules))
         tokens = prompt.tolist()
@@ -152,8 +152,7 @@ class RemoteSteps:
     def _call_steps(self, tokens: list[int], sampling: Sampling, ro, run: _Run, on_chunk):
         """One remote call, to its end (steps): returns (stop reason, the end's info), or None when
         every replica failed before any text went out and the engine has a local model."""
-        engine = self.engine
-        call = engine.remote.start(tokens, sampling, session_key(ro.path))
+        call = self.pool.start(tokens, sampling, session_key(ro.path))
         run.calls += 1
         try:
             while True:
@@ -173,7 +172,7 @@ class RemoteSteps:
                         if ro.idle:  # warming is optional work
                             log.debug("warming a replica failed: %s", data)
                             return "max_tokens", {}
-                        if run.stream.text or run.n_gen or getattr(engine, "ctx", None) is None:
+                        if run.stream.text or run.n_gen or not self.fallback:
                             raise data
                         log.warning("%s; running it here", data)
                         return None
@@ -187,7 +186,7 @@ class RemoteSteps:
                             run.first_end = data
                         return STOP_TYPES.get(data.get("stop") or "", "max_tokens"), data
                 if not events:
-                    engine.remote.wait_any(POLL)
+                    self.pool.wait_any(POLL)
                 yield SHOWN if run.shown else TOKEN
         finally:
             call.close()

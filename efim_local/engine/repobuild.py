@@ -52,7 +52,7 @@ class RepoBuild:
         engine = self.engine
         repo: RepoLeads = engine.repo
         project = repo.project_for(path)
-        if project is None or engine.remote is not None or not repo.stale(path):
+        if project is None or not engine.backend.local_kv or not repo.stale(path):
             return  # (replicas hold no local KV to keep a lead in)
         try:
             ctx = yield from wait(repo.built(project), should_stop)

@@ -20,11 +20,10 @@ from ..prompt.healing import MAX_BACKOFF
 from ..prompt.planner import GROWN, Budget, Plan
 from ..request import CompletionRequest, Options, Position
 from .completion import Completion, Prompt, Timings, TokenCounts
-from .decode import GenSpec, answer_rules
+from .decode import GenSpec
 from .instant import Instant, Shown, Through, cached_completion, keep_known
 from .policy import Policy
 from .reduction import reduced_by
-from .remote_steps import RemoteSteps
 from .stream import StopRules
 
 log = logging.getLogger("efim.engine")
@@ -65,7 +64,6 @@ class Runner:
 
     def __init__(self, engine):
         self.engine = engine
-        self.replicas = RemoteSteps(engine)  # a prompt the engine's replicas run (remote_steps.py)
 
     def run_steps(self, tokens, how: Options, ro: RunOptions = RunOptions()):
         """Decode a token prompt in the best slot and generate (steps; returns a Completion)."""
@@ -80,11 +78,9 @@ class Runner:
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=how.stop_at_newline,
                           max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers,
                           type_over=how.type_over)
-        if engine.remote is not None and not ro.cold:  # a remote backend runs it (engine/remote_steps.py)
-            rules = answer_rules(engine.model, engine.template.markers, rules, prompt, ro.heal)
-            out = yield from self.replicas.run_steps(prompt, how, ro, rules)
-            if out is not None:
-                return out  # else every replica failed: the local model answers
+        out = yield from engine.backend.run_steps(prompt, how, ro, rules)  # replicas first (backends.py)
+        if out is not None:
+            return out  # else it runs here: no replicas, a cold run, or every replica failed
         keep = None if ro.keep is None else np.asarray(ro.keep, dtype=np.int32)
         start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light, keep)
         slot = start.slot
@@ -146,8 +142,7 @@ class Runner:
         plan = self.fit_budget(req, engine.plan(req))
         engine.files.set_typed(req.path, plan.middle_tokens)
         tokens, heal = plan.tokens, b""
-        want_heal = (engine.default_heal if req.how.heal is None else req.how.heal) and (engine.remote is None
-                                                                                          or engine.remote.heals)
+        want_heal = (engine.default_heal if req.how.heal is None else req.how.heal) and engine.backend.heals
         if want_heal and plan.middle_tokens:
             # Back off the typed tokens that could merge with what follows; generation spells them again.
             tail = [engine.model.piece(t) for t in plan.middle_tokens[-MAX_BACKOFF:]]
@@ -325,13 +320,13 @@ class Runner:
             engine.size_near()  # (Engine.plan sizes it when the speed is known already)
         if budget <= 0 or not speed.known:
             return plan
-        peek = lambda toks: (engine.reuse if engine.remote is None else engine.remote).peek(np.asarray(toks, np.int32))
+        peek = lambda toks: engine.backend.peek(np.asarray(toks, np.int32))
         have = peek(plan.tokens)
         if speed.predict_ms(len(plan.tokens) - have, have) <= budget:
             return self.adopt_growth(req, plan, budget, peek) or plan
         # A saved state restores in milliseconds: what it holds counts as cached (the first request after a
         # restart, a file reopened, an earlier version of it: reuse.start restores it).
-        stored = engine.reuse.stored(np.asarray(plan.tokens, np.int32), req.path) if engine.remote is None else None
+        stored = engine.backend.stored(np.asarray(plan.tokens, np.int32), req.path)  # (replicas: None)
         if stored is not None:
             peek = lambda toks: stored(np.asarray(toks, np.int32))
             have = peek(plan.tokens)

@@ -73,5 +73,5 @@ class StatusReport:
             "drafts": {"on": engine.decoder.drafting, **engine.decoder.draft_stats.as_dict()},
             "slots": self.slot_info(),
             "store": engine.store.stats() if engine.store else None,
-            "backend": engine.remote.status() if engine.remote is not None else None,
+            "backend": engine.backend.status(),
         }

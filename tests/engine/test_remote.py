@@ -102,7 +102,7 @@ def test_a_replica_killed_mid_run_loses_nothing(binary, tiny_model):
                 shown.append(t)
                 if not killed.is_set():
                     killed.set()
-                    url = remote.remote.order(key_of(long.path))[0].replica.url
+                    url = remote.backend.pool.order(key_of(long.path))[0].replica.url
                     next(s for s in servers if s.url == url).kill()
 
             out_long = remote.complete(long, on_text=on_text)

@@ -35,3 +35,12 @@ def test_the_check_finds_such_a_function(tmp_path):
     src.write_text("def grow(engine, path):\n    pass\n\n\nclass C:\n    def m(self, engine):\n        pass\n\n\n"
                    "def other(e, engine=None):\n    pass\n")
     assert engine_first(src) == ["mod.py:1 grow"]
+
+
+def test_the_engine_asks_its_backend_not_whether_it_has_replicas():
+    """Where prompts are decoded is the engine's ``backend`` (engine/backends.py), which the parts that
+    differ with replicas ask; no module branches on whether the engine has a pool of replicas."""
+    found = [f"{path.name}:{i}" for path in sorted(ENGINE.rglob("*.py"))
+             for i, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+             if "remote is None" in line or "remote is not None" in line or "engine.remote" in line]
+    assert not found, f"branches on the engine's replicas; ask engine.backend instead: {found}"

@@ -15,6 +15,7 @@ import pytest
 
 from efim_local.engine import drafts
 from efim_local.engine.background import Growth
+from efim_local.engine.backends import Local
 from efim_local.engine.cpu import FreeCores
 from efim_local.engine.decode import Decoder
 from efim_local.engine.engine import Engine
@@ -336,7 +337,8 @@ EIGHTH = 3200 // 8 + 3200 // 8 // 3  # tokens of an eighth's near plan on a room
 
 def sizer(policy: Policy, space: int = 3200) -> SimpleNamespace:
     """What Engine.size_near reads: the planner's room and near share, the speed, the policy."""
-    return SimpleNamespace(policy=policy, remote=None, _near_sized_at=None, config=SimpleNamespace(max_tokens=8),
+    return SimpleNamespace(policy=policy, backend=Local(None), _near_sized_at=None,
+                           config=SimpleNamespace(max_tokens=8),
                            planner=SimpleNamespace(space=lambda reserve: space, near=8))
 
 
