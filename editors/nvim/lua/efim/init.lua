@@ -11,6 +11,7 @@
 local rpc = require("efim.rpc")
 local sync = require("efim.sync")
 local defs = require("efim.defs")
+local closers = require("efim.closers")
 local uv = vim.uv or vim.loop
 
 local M = {}
@@ -122,30 +123,6 @@ function M.dismiss()
   end
 end
 
-local OPENER = { [")"] = "(", ["]"] = "[", ["}"] = "{" }
-
---- Where `text` types over `closers` (the auto-paired closers right after the cursor), in order: the
---- byte offsets of those closers in `text` (as the daemon counts them: engine/stream.py typed_over).
-function M.typed_over(text, closers)
-  local at, out = 1, {}
-  for k = 1, #closers do
-    local c, depth, found = closers:sub(k, k), 0, nil
-    for i = at, #text do
-      local ch = text:sub(i, i)
-      if not OPENER[c] then -- a quote: the string ends at the next one not escaped
-        if ch == c and (i == at or text:sub(i - 1, i - 1) ~= "\\") then found = i break end
-      elseif ch == "(" or ch == "[" or ch == "{" then depth = depth + 1
-      elseif OPENER[ch] then
-        if depth == 0 and ch == c then found = i break end
-        depth = math.max(0, depth - 1)
-      end
-    end
-    if not found then break end
-    out[#out + 1], at = found, found + 1
-  end
-  return out
-end
-
 -- Draw `text` at origin `o` (buf, row, col, tick). `chain` carries what was offered and taken
 -- so far when this is the rest of a partly accepted completion. `over`: how many characters after
 -- the cursor it replaces (the closers it types over; default: the result's `replaces`).
@@ -155,7 +132,7 @@ local function show(o, text, res, chain, over)
   local lines = vim.split(text, "\n", { plain = true })
   local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
   over = over or (res and tonumber(res.replaces)) or 0
-  local at = M.typed_over(text, line:sub(o.col + 1, o.col + over))
+  local at = closers.typed_over(text, line:sub(o.col + 1, o.col + over))
   if #at ~= over then at, over = {}, 0 end -- (not what the daemon said: nothing replaced)
   local split = over > 0 and at[over] <= #lines[1] -- the closers it types over are on its first line
   local opts = { virt_text = { { lines[1], hl } }, hl_mode = "combine" }
