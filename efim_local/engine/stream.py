@@ -134,14 +134,20 @@ def typed_over(text: str, closers: str) -> tuple[int, int]:
 
 
 def _over_cut(buf: str, closers: str) -> int | None:
-    """Where an answer that types over the closers ends: at the end of the line on which it typed over
-    some of them but not all (its next lines would come before the closers left, inside them);
-    None: it goes on (it typed over none, or all: what follows is the suffix the model saw)."""
-    k, at = typed_over(buf, closers)
-    if not 0 < k < len(closers):
-        return None
-    nl = buf.find("\n", at)
-    return nl if nl >= 0 else None
+    """Where an answer that types over the closers ends: at the first line end it reaches after typing
+    over some of them but not all (its next lines would come before the closers left, inside them);
+    None: it goes on. A function of the text before the cut alone, however the text arrives."""
+    k = at = 0
+    for closer in closers:
+        i = _closing(buf[at:], closer)
+        if k:  # typed over some: a line end before the next closer ends the answer
+            nl = buf.find("\n", at, len(buf) if i is None else at + i)
+            if nl >= 0:
+                return nl
+        if i is None:
+            return None
+        k, at = k + 1, at + i + 1
+    return None
 
 
 def _block_cut(buf: str, line: str, above: tuple[str, ...], final: bool) -> tuple[int, str] | None:

@@ -134,6 +134,12 @@ def test_an_answer_that_types_over_closers_goes_on_past_them(closers, text, show
     assert StopRules(closers=closers).replaced(out) == 0  # without type_over nothing is replaced
 
 
+def test_where_an_answer_typing_over_closers_ends_does_not_depend_on_its_tokens():
+    """(Review: the cut was undone when a later chunk typed over the next closer.)"""
+    rules = StopRules(closers='")', type_over=True)
+    assert shown(rules, [b'"\n', b")"]) == shown(rules, [b'"\n)']) == ('"', "closer")
+
+
 def answer(rules: StopRules, pieces: list[bytes]) -> tuple[str, str | None]:
     s = TextStream(rules)
     out = "".join(s.feed(p) for p in pieces)
