@@ -54,7 +54,6 @@ def lsp_error(e: EfimError) -> JsonRpcException:
     return JsonRpcException(one_line(e.message), e.code)
 
 
-
 def replaced(result: dict, cols: str, col: int) -> int | None:
     """How many columns after the cursor the daemon's answer replaces (its ``replaces``: the closers
     it typed over); None when that is not a count of closers there (the answer is not shown)."""
@@ -62,6 +61,7 @@ def replaced(result: dict, cols: str, col: int) -> int | None:
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_CLOSERS:
         return None
     return n if all(c in CLOSERS for c in cols[col:col + n]) and col + n <= len(cols) else None
+
 
 class Protocol(LanguageServerProtocol):
     """pygls' protocol with efim's document sync in place of pygls' own copy of the workspace, and
