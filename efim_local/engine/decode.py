@@ -170,12 +170,13 @@ class Decoder:
         return drive(self.generate_steps(slot, prompt, sampler, spec, logits_ready))
 
     def generate_steps(self, slot: Slot, prompt: np.ndarray, sampler: Sampler, spec: "GenSpec",
-                       logits_ready: bool = True):
+                       logits_ready: bool = True, kept: np.ndarray | None = None):
         """Sample until a stop rule fires, one token per step; returns a :class:`Generated`.
 
         ``logits_ready``: the last batch decoded ``prompt``'s last token (a prefill just ended);
         otherwise the slot holds KV for a prefix of ``prompt`` + ``spec.known`` and the logits are
-        computed when a token must be sampled. The tokens of ``spec.known`` are taken as they are
+        computed when a token must be sampled (``kept``: the first token's logits, kept from an
+        earlier run on the same prompt: :meth:`kept_logits`). The tokens of ``spec.known`` are taken as they are
         (no decode): they are the greedy continuation, known already. Decoded tokens are recorded in
         ``slot.tokens`` (the KV stays for the next keystroke, which may type through them).
 
@@ -198,6 +199,9 @@ class Decoder:
                 tok = known[len(ids)]
             elif ready:
                 tok = ready.pop(0)
+            elif kept is not None:  # (no decode: the slot holds the prompt, these logits follow it)
+                tok = healing.pick(kept, self.healer.allowed(heal)) if heal else int(np.argmax(kept))
+                kept = None
             elif row is None and drafter is not None and not heal and (draft := drafter.propose(ids)):
                 t = self.clock()
                 ready = drafts.verify(self, slot, prompt, ids, draft)
@@ -209,8 +213,15 @@ class Decoder:
                     row = self.logits_after(slot, prompt, ids)
                     if drafter is not None and self.batch.raw.n_tokens == 1:
                         self.draft_stats.plain(self.clock() - t)  # one token decoded: the cost to beat
-                tok = (healing.pick(self.ctx.logits(row), self.healer.allowed(heal)) if heal
-                       else sampler.sample(self.ctx, row))
+                if not ids and sampler.params.temperature <= 0 and not slot.sparse:
+                    # The next run on this prompt (the next keystroke's, mid-word: the same prompt, the
+                    # partial word backed off) samples from these logits instead of decoding its last token again.
+                    logits = self.ctx.logits(row)
+                    slot.logits = (prompt, logits)
+                    tok = healing.pick(logits, self.healer.allowed(heal)) if heal else int(np.argmax(logits))
+                else:
+                    tok = (healing.pick(self.ctx.logits(row), self.healer.allowed(heal)) if heal
+                           else sampler.sample(self.ctx, row))
             row = None  # read: the next token needs this one decoded
             raw = self.model.piece(tok)
             if heal:  # the token must agree with the backed-off text
@@ -249,6 +260,20 @@ class Decoder:
         if ids:
             self.draft_stats.history.append(np.asarray(ids, dtype=np.int32))
         return Generated(ids, stream, reason, t_first)
+
+    def kept_logits(self, slot: Slot, prompt: np.ndarray) -> np.ndarray | None:
+        """The logits that follow ``prompt``, kept by the slot's last greedy run on it, when the slot
+        still holds all of it (its KV is then cut to the prompt); None otherwise. They are what decoding
+        the prompt's last token again would give (the same tokens at the same positions)."""
+        kept = slot.logits
+        if (kept is None or slot.sparse or len(kept[0]) != len(prompt) or len(slot.tokens) < len(prompt)
+                or not np.array_equal(kept[0], prompt) or not np.array_equal(slot.tokens[:len(prompt)], prompt)):
+            return None
+        if len(slot.tokens) > len(prompt):
+            if not self.ctx.seq_rm(slot.seq, len(prompt), -1):
+                return None
+            slot.tokens = slot.tokens[:len(prompt)]
+        return kept[1]
 
     def drafter(self, prompt: np.ndarray, suffix: np.ndarray, sampler: Sampler) -> "drafts.Drafter | None":
         """The drafts of a greedy generation (None: sampling, or drafting is off)."""

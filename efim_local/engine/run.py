@@ -92,14 +92,17 @@ class Runner:
             ready = not (ro.known is not None and not ro.cold and keep_known(engine.ctx, slot, prompt, known))
             if rules.max_tokens <= 0 and not ro.cold and start.n_common >= len(prompt):
                 ready = False  # idle work on a prompt the slot holds: nothing to do (what follows it stays)
-            evaluated = 0
+            evaluated, kept = 0, None
+            if ready and not ro.cold and ro.known is None and start.n_common >= len(prompt) and how.temperature <= 0:
+                kept = engine.decoder.kept_logits(slot, prompt)  # a keystroke mid-word: the last one's prompt
+                ready = kept is None
             if ready:  # (else the slot holds the prompt, and the known continuation's KV as far as it goes)
                 evaluated = yield from engine.decoder.prefill_steps(slot, prompt, start.n_common, ro.should_stop,
                                                                     ro.chunk)
             counts.cached, counts.evaluated = len(prompt) - evaluated, evaluated
             spec = GenSpec(rules, ro.on_text, how.ignore_eog, ro.should_stop, ro.heal, known, ro.trail)
             with Sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
-                gen = yield from engine.decoder.generate_steps(slot, prompt, sampler, spec, ready)
+                gen = yield from engine.decoder.generate_steps(slot, prompt, sampler, spec, ready, kept)
         except Cancelled as e:
             if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
                 counts.generated = e.data["generated"]

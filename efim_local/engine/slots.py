@@ -24,6 +24,8 @@ class Slot:
     n_prompt: int | None = None  # where the last generation's tokens start (a saved state stops there)
     sparse: bool = False  # holds a sparse (approximate) restore: never saved, never reused exactly
     idle: bool = False  # last decoded by idle work (growth, prefill): its tail is the work's own to cut
+    # The logits that follow a prompt whose KV it held, and that prompt (Decoder.kept_logits)
+    logits: tuple[np.ndarray, np.ndarray] | None = None
 
     def touch(self, path: str | None, used: float | None = None) -> None:
         """Work ran in the slot for ``path`` now, whose user last used it at ``used`` (None: now)."""
@@ -33,7 +35,7 @@ class Slot:
 
     def reset(self) -> None:
         self.tokens, self.dirty, self.sparse, self.idle = self.tokens[:0], False, False, False
-        self.n_prompt = None
+        self.n_prompt, self.logits = None, None
 
 
 class SlotManager:

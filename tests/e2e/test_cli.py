@@ -204,9 +204,10 @@ def test_daemon_commands(tmp_path, tiny_model):
         first, second = (json.loads(efim_cli(*args, env=env).stdout) for _ in range(2))
         # the daemon's answer cache, or (the latency budget reduced the first plan, and idle growth
         # computed the full one) the slot the daemon kept
-        assert second["source"] == "cache" or (second["cache_tier"] == "slot" and second["tokens"]["evaluated"] == 1)
+        assert second["source"] == "cache" or (second["cache_tier"] == "slot" and second["tokens"]["evaluated"] <= 1)
         third = json.loads(efim_cli(*args[:-1], "4", env=env).stdout)
-        assert third["cache_tier"] == "slot" and third["tokens"]["evaluated"] == 1  # the daemon kept the slot
+        # the daemon kept the slot (and the first token's logits, unless growth ran another plan there)
+        assert third["cache_tier"] == "slot" and third["tokens"]["evaluated"] <= 1
         st = json.loads(efim_cli("daemon", "status", "--json", env=env).stdout)
         assert st["served"] == 3 and st["requests"]["sources"]["answers"] == 3
         said = efim_cli(*args[:-2], "-v", env=env).stderr.decode()  # -v: which path, and the context it used

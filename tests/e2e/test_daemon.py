@@ -38,7 +38,8 @@ def test_complete_over_socket(daemon):
         assert a["reanchor"] == "new_session" and a["cache_tier"] == "none"
         assert a["source"] == "computed"
         b = complete(c, path="sock.py", max_tokens=9)  # (the same request again: the answer cache)
-        assert b["cache_tier"] == "slot" and b["tokens"]["evaluated"] == 1 and b["text"].startswith(a["text"])
+        # (the slot holds the prompt, and the logits after it: Decoder.kept_logits)
+        assert b["cache_tier"] == "slot" and b["tokens"]["evaluated"] == 0 and b["text"].startswith(a["text"])
         line = LONG[:3000].count("\n")
         char = 3000 - (LONG.rfind("\n", 0, 3000) + 1)
         pos = c.call("complete", {"path": "sock.py", "text": LONG, "position": {"line": line, "character": char},

@@ -39,9 +39,9 @@ def test_complete_counts_and_reuse(engine, reference):
     a = engine.complete(CompletionRequest(doc, cur, path="a.py"))
     assert a.tokens.cached == 0 and a.tokens.evaluated == a.tokens.prompt > 100
     assert a.reanchor == "new_session"
-    # Same request again: everything but the last prompt token is cached.
+    # Same request again: everything is cached, the first token's logits too (Decoder.kept_logits).
     b = engine.complete(CompletionRequest(doc, cur, path="a.py"))
-    assert b.tokens.evaluated == 1 and b.reanchor is None and b.token_ids == a.token_ids
+    assert b.tokens.evaluated == 0 and b.reanchor is None and b.token_ids == a.token_ids
     assert a.token_ids == cold(reference, engine.plan(CompletionRequest(doc, cur, path="a.py")).tokens).token_ids
 
 
@@ -73,7 +73,7 @@ def test_slots_keep_files_apart(tiny_model):
         again = [e.complete(CompletionRequest(d, 700, path=f"f{i}")) for i, d in enumerate(docs)]
         assert {o.slot for o in first} == {0, 1}
         assert [o.slot for o in again] == [o.slot for o in first]
-        assert all(o.tokens.evaluated == 1 for o in again)
+        assert all(o.tokens.evaluated == 0 for o in again)  # (the first token's logits were kept too)
 
 
 def test_max_tokens_stops(engine):
