@@ -27,6 +27,7 @@ class StopRules:
 
 
 OPENERS = {")": "(", "]": "[", "}": "{"}
+QUOTES = "'\"`"  # strings an answer opens: the brackets in them are text
 MIN_MARKER_TAIL = 2  # at the end of the stream, a tail this long that begins a stop string is dropped
 MIN_REPEAT = 8  # non-blank characters a line needs for its repeat of a line above to end an answer
 FENCE = "```"  # Markdown: an Instruct model closing (or opening) a code block it imagines
@@ -104,15 +105,21 @@ class TextStream:
 
 def _closing(buf: str, closer: str) -> int | None:
     """Index of the character in ``buf`` that would close the construct ``closer`` ends (the editor
-    already has that closer after the cursor): an unmatched bracket, or an unescaped quote."""
+    already has that closer after the cursor): an unmatched bracket, or an unescaped quote. A string
+    the answer opens hides its brackets (``f('a)b')``) until its quote closes it or its line ends."""
     if closer not in OPENERS:  # a quote: the string the cursor is in ends at the next one
         for i, ch in enumerate(buf):
             if ch == closer and (i == 0 or buf[i - 1] != "\\"):
                 return i
         return None
-    depth = 0
+    depth, quote = 0, None
     for i, ch in enumerate(buf):
-        if ch in "([{":
+        if quote is not None:
+            if ch == "\n" or (ch == quote and buf[i - 1] != "\\"):
+                quote = None
+        elif ch in QUOTES:
+            quote = ch
+        elif ch in "([{":
             depth += 1
         elif ch in OPENERS:
             if depth == 0 and ch == closer:
@@ -124,30 +131,30 @@ def _closing(buf: str, closer: str) -> int | None:
 def typed_over(text: str, closers: str) -> tuple[int, int]:
     """How many of ``closers`` (the auto-paired closers after the cursor) ``text`` types over, in
     order, and the index in ``text`` just after the last of them (0, 0: none)."""
-    k = at = 0
-    for closer in closers:
-        i = _closing(text[at:], closer)
-        if i is None:
-            break
-        k, at = k + 1, at + i + 1
-    return k, at
+    return _over(text, closers)[:2]
 
 
 def _over_cut(buf: str, closers: str) -> int | None:
     """Where an answer that types over the closers ends: at the first line end it reaches after typing
     over some of them but not all (its next lines would come before the closers left, inside them);
     None: it goes on. A function of the text before the cut alone, however the text arrives."""
+    return _over(buf, closers)[2]
+
+
+def _over(text: str, closers: str) -> tuple[int, int, int | None]:
+    """``text`` typing over ``closers`` in order: how many it types over, the index just after the
+    last of them, and the first line end after some of them but before the next (None: none)."""
     k = at = 0
     for closer in closers:
-        i = _closing(buf[at:], closer)
+        i = _closing(text[at:], closer)
         if k:  # typed over some: a line end before the next closer ends the answer
-            nl = buf.find("\n", at, len(buf) if i is None else at + i)
+            nl = text.find("\n", at, len(text) if i is None else at + i)
             if nl >= 0:
-                return nl
+                return k, at, nl
         if i is None:
-            return None
+            break
         k, at = k + 1, at + i + 1
-    return None
+    return k, at, None
 
 
 def _block_cut(buf: str, line: str, above: tuple[str, ...], final: bool) -> tuple[int, str] | None:

@@ -369,6 +369,70 @@ def test_a_ghost_that_types_over_a_closer_replaces_it(start_nvim, healing_relay,
     assert wait_for(lambda: nv.api.current.line == line[:col] + text.split("\n")[0]), nv.api.current.line
 
 
+CLOSER_CASES = [("est)", ")"), ("est) + 1\nnext", ")"), ("x), y)\nz", "))"), ("x), y\nz", "))"), ('abc", 1)', '")'),
+                ("'a)b')", ")"), ("'x)'), y", "))"), ('"(", x) + 1', ")"), ("'open\nx) + 1", ")"),
+                ("a: {'b': '}'}} rest", "}"), ('say \\"hi\\"" + x', '"'), ("f(x), g[1]) + 1", ")"), ("a]\nb) c", ")"),
+                ("no closer here", ")")]
+
+
+@every_neovim
+def test_the_plugin_types_over_closers_as_the_daemon_counts(start_nvim, tmp_path):
+    """The Lua rule (efim/closers.lua) and the daemon's (engine/stream.py) agree: brackets nested in
+    the text and brackets in the strings it opens are its own."""
+    nv = start_nvim(tmp_path / "no-daemon.sock")
+    for text, closers in CLOSER_CASES:
+        got = nv.lua('return require("efim.closers").typed_over(...)', text, closers)
+        k, at = typed_over(text, closers)
+        assert (len(got), got[-1] if got else 0) == (k, at), (text, closers, got)
+
+
+def forced(relay, text: str, replaces):
+    """Every answer the relay forwards becomes ``text`` with ``replaces``."""
+    def edit(msg):
+        if isinstance(msg["result"], dict) and "text" in msg["result"]:
+            msg["result"].update(text=text, replaces=replaces)
+    relay.edit = edit
+
+
+@pytest.mark.parametrize("line, replaces, want", [
+    ("foo()", 1, "foo(abc)"),     # the closer after the cursor is replaced
+    ("foo(b", 1, "foo(abc)b"),    # `b` is no closer: nothing replaced
+    ("foo()", 5, "foo(abc))"),    # more closers than the line has after the cursor, or than a ghost may replace
+    ("foo()", "1", "foo(abc)"),   # (a number in a string, as JSON from another daemon might carry)
+    ("foo()", -1, "foo(abc))"),
+])
+def test_the_plugin_replaces_only_closers_the_answer_types_over(nv, relay, tmp_path, line, replaces, want):
+    forced(relay, "abc)", replaces)
+    src = tmp_path / "r.py"
+    open_file(nv, src, "x = 1\n" + line + "\n", "debounce_ms = 30, max_tokens = 4")
+    nv.api.input("<Esc>2G04li")  # the caret after `foo(`
+    nv.lua('require("efim").trigger()')
+    assert wait_for(lambda: nv.suggestion() == "abc)")
+    nv.api.input("<Tab>")
+    assert wait_for(lambda: nv.api.current.line == want), (nv.api.current.line, want)
+
+
+@every_neovim
+def test_stepping_over_the_closer_keeps_the_rest_of_the_ghost(start_nvim, relay, tmp_path):
+    """Auto-pairs step over a closer typed before one (here an insert-mode mapping, as such plugins
+    make): the buffer does not change, the caret moves past the closer, and the ghost that typed over
+    it goes on showing its rest after it."""
+    forced(relay, "est) + 1", 1)
+    nv = start_nvim(relay.path)
+    nv.api.command("inoremap <expr> ) strpart(getline('.'), col('.') - 1, 1) == ')' ? '<Right>' : ')'")
+    open_file(nv, tmp_path / "s.py", "x = 1\nf()\n", "debounce_ms = 100000, max_tokens = 4")
+    nv.api.input("<Esc>2G02li")  # the caret between ( and )
+    nv.lua('require("efim").trigger()')
+    assert wait_for(lambda: nv.suggestion() == "est) + 1")
+    nv.api.input("est")
+    assert wait_for(lambda: nv.suggestion() == ") + 1")
+    nv.api.input(")")
+    assert wait_for(lambda: nv.suggestion() == " + 1"), nv.suggestion()
+    assert nv.api.current.line == "f(est)" and tuple(nv.api.current.window.cursor) == (2, 6)
+    nv.api.input("<Tab>")
+    assert wait_for(lambda: nv.api.current.line == "f(est) + 1"), nv.api.current.line
+
+
 @every_neovim
 def test_max_lines_goes_to_the_daemon(nv, relay, tmp_path):
     """``max_lines`` is sent with each request, and the ghost has no more lines than that."""

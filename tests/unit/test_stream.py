@@ -68,10 +68,11 @@ def shown(rules: StopRules, chunks: list[bytes]) -> tuple[str, str | None]:
 RULES = [StopRules(stop_at_newline=True), StopRules(max_lines=1), StopRules(max_lines=2),
          StopRules(max_lines=3, stop_strings=("<END>", "\n\n\n")), StopRules(closers=")]"),
          StopRules(closers='"', stop_at_newline=True), StopRules(closers=")]", type_over=True),
-         StopRules(closers='")', type_over=True, max_lines=2)]
+         StopRules(closers='")', type_over=True, max_lines=2), StopRules(closers="})", type_over=True),
+         StopRules(closers="]")]
 
 
-@given(text=st.text(st.sampled_from(list("ab \t\r\n<END>()[\"\\") + ["日", "🙂"]), max_size=40),
+@given(text=st.text(st.sampled_from(list("ab \t\r\n<END>()[]{}'\"\\") + ["日", "🙂"]), max_size=40),
        cuts=st.lists(st.integers(0, 200), max_size=12), rules=st.sampled_from(RULES))
 def test_what_is_shown_does_not_depend_on_token_boundaries(text, cuts, rules):
     out, reason = shown(rules, chunked(text.encode(), cuts))
@@ -112,6 +113,10 @@ def test_finish_after_a_stop_adds_nothing(rules, data):
     ("]", "0][1]", "0"),
     ('"', 'say \\"hi\\"" + x', 'say \\"hi\\"'),  # an escaped quote does not end the string
     (")", "no closer here", "no closer here"),
+    (")", "'a)b') + 1", "'a)b'"),                # a string the answer opens hides its brackets
+    (")", '"(", x) + 1', '"(", x'),
+    (")", "'open\nx) + 1", "'open\nx"),          # a quote left open ends with its line
+    ("}", "a: {'b': '}'}} rest", "a: {'b': '}'}"),
 ])
 def test_an_answer_stops_where_it_would_close_an_auto_paired_closer(closer, text, shown_):
     out, reason = shown(StopRules(closers=closer), [text.encode()])
@@ -125,6 +130,8 @@ def test_an_answer_stops_where_it_would_close_an_auto_paired_closer(closer, text
     ("))", "x), y\nz", "x), y", 1),                   # one of two: its line ends the answer (z would sit inside)
     ('")', 'abc", 1)', 'abc", 1)', 2),
     (")", "no closer here", "no closer here", 0),
+    (")", "'a)b')\nnext", "'a)b')\nnext", 1),        # f(|) -> f('a)b'): the ) in the string is text
+    ("))", "'x)'), y\nz", "'x)'), y", 1),
 ])
 def test_an_answer_that_types_over_closers_goes_on_past_them(closers, text, shown_, replaces):
     rules = StopRules(closers=closers, type_over=True)

@@ -3,23 +3,41 @@
 local M = {}
 
 local OPENER = { [")"] = "(", ["]"] = "[", ["}"] = "{" }
+local QUOTE = { ["'"] = true, ['"'] = true, ["`"] = true } -- strings the text opens: their brackets are text
+M.MAX_REPLACES = 4 -- the most closers a ghost may replace (as the LSP server checks)
+
+--- Whether `s` is only closer characters (brackets and quotes an editor's auto-pairs insert).
+function M.all_closers(s)
+  return s:match("^[%)%]}\"'`]*$") ~= nil
+end
+
+-- The byte offset in `text`, from `at`, of the character that closes the construct `c` ends (as the
+-- daemon's engine/stream.py `_closing`): an unmatched bracket, or for a quote the next unescaped one.
+local function closing(text, c, at)
+  local depth, quote = 0, nil
+  for i = at, #text do
+    local ch = text:sub(i, i)
+    local escaped = i > 1 and text:sub(i - 1, i - 1) == "\\"
+    if not OPENER[c] then -- a quote: the string ends at the next one not escaped
+      if ch == c and (i == at or not escaped) then return i end
+    elseif quote then -- inside a string the text opened, until its quote or its line's end
+      if ch == "\n" or (ch == quote and not escaped) then quote = nil end
+    elseif QUOTE[ch] then quote = ch
+    elseif ch == "(" or ch == "[" or ch == "{" then depth = depth + 1
+    elseif OPENER[ch] then
+      if depth == 0 and ch == c then return i end
+      depth = math.max(0, depth - 1)
+    end
+  end
+  return nil
+end
 
 --- Where `text` types over `closers` (the auto-paired closers right after the cursor), in order: the
 --- byte offsets of those closers in `text` (as the daemon counts them: engine/stream.py typed_over).
 function M.typed_over(text, closers)
   local at, out = 1, {}
   for k = 1, #closers do
-    local c, depth, found = closers:sub(k, k), 0, nil
-    for i = at, #text do
-      local ch = text:sub(i, i)
-      if not OPENER[c] then -- a quote: the string ends at the next one not escaped
-        if ch == c and (i == at or text:sub(i - 1, i - 1) ~= "\\") then found = i break end
-      elseif ch == "(" or ch == "[" or ch == "{" then depth = depth + 1
-      elseif OPENER[ch] then
-        if depth == 0 and ch == c then found = i break end
-        depth = math.max(0, depth - 1)
-      end
-    end
+    local found = closing(text, closers:sub(k, k), at)
     if not found then break end
     out[#out + 1], at = found, found + 1
   end

@@ -132,8 +132,13 @@ local function show(o, text, res, chain, over)
   local lines = vim.split(text, "\n", { plain = true })
   local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
   over = over or (res and tonumber(res.replaces)) or 0
-  local at = closers.typed_over(text, line:sub(o.col + 1, o.col + over))
-  if #at ~= over then at, over = {}, 0 end -- (not what the daemon said: nothing replaced)
+  local after = line:sub(o.col + 1, o.col + over)
+  -- As the LSP server does: a few closers, in the buffer after the cursor, that the text types over
+  -- as the daemon says; anything else replaces nothing.
+  local sane = over >= 1 and over <= closers.MAX_REPLACES and over == math.floor(over) and #after == over
+    and closers.all_closers(after)
+  local at = sane and closers.typed_over(text, after) or {}
+  if #at ~= over then at, over = {}, 0 end
   local split = over > 0 and at[over] <= #lines[1] -- the closers it types over are on its first line
   local opts = { virt_text = { { lines[1], hl } }, hl_mode = "combine" }
   local pieces = {} -- inline, a ghost that types over closers is drawn between them: `f(est|)` shows `f(est)`
@@ -187,20 +192,6 @@ local function show(o, text, res, chain, over)
                res = res, offered = chain.offered, taken = chain.taken, line = line, over = at }
 end
 
--- How many bytes of the ghost were typed since it was shown (0: the change is not typing it): the
--- cursor moved right on its line, and the line is what it was with the ghost's next bytes inserted.
-local function typed_into(g)
-  if vim.api.nvim_get_current_buf() ~= g.buf then return 0 end
-  local r, c = unpack(vim.api.nvim_win_get_cursor(0))
-  local n = c - g.col
-  if r - 1 ~= g.row or n <= 0 or n >= #g.text then return 0 end
-  local line = vim.api.nvim_buf_get_lines(g.buf, g.row, g.row + 1, false)[1] or ""
-  if line ~= g.line:sub(1, g.col) .. g.text:sub(1, n) .. g.line:sub(g.col + 1) then return 0 end
-  return n
-end
-
--- The user typed the ghost's next characters: keep showing the rest where the cursor now is (the
--- daemon answers the request that follows from what it generated: the same text, or more).
 -- How many of the closers the ghost types over come after its first `n` bytes.
 local function left_over(g, n)
   local k = 0
@@ -208,6 +199,25 @@ local function left_over(g, n)
   return k
 end
 
+-- How many bytes of the ghost were typed since it was shown (0: the change is not typing it): the
+-- cursor moved right on its line, and the line is what it was with the ghost's next bytes inserted,
+-- or with the closers among them typed over (auto-pairs step over a closer typed before one).
+local function typed_into(g)
+  if vim.api.nvim_get_current_buf() ~= g.buf then return 0 end
+  local r, c = unpack(vim.api.nvim_win_get_cursor(0))
+  local n = c - g.col
+  if r - 1 ~= g.row or n <= 0 or n >= #g.text then return 0 end
+  local line = vim.api.nvim_buf_get_lines(g.buf, g.row, g.row + 1, false)[1] or ""
+  local typed = g.line:sub(1, g.col) .. g.text:sub(1, n)
+  local over = #g.over - left_over(g, n)
+  if line ~= typed .. g.line:sub(g.col + 1) and (over == 0 or line ~= typed .. g.line:sub(g.col + 1 + over)) then
+    return 0
+  end
+  return n
+end
+
+-- The user typed the ghost's next characters: keep showing the rest where the cursor now is (the
+-- daemon answers the request that follows from what it generated: the same text, or more).
 local function type_through(g, n)
   show({ buf = g.buf, row = g.row, col = g.col + n, tick = vim.b[g.buf].changedtick, id = g.id, path = g.path },
     g.text:sub(n + 1), g.res, g, left_over(g, n))
@@ -368,7 +378,15 @@ local function cursor_settled()
 end
 
 local function on_cursor_moved()
-  if st.ghost and not cursor_at(st.ghost) and typed_into(st.ghost) == 0 then M.dismiss() end
+  local g = st.ghost
+  if g and not cursor_at(g) then
+    local n = typed_into(g)
+    if n == 0 then
+      M.dismiss()
+    elseif g.tick == vim.b[g.buf].changedtick then
+      type_through(g, n) -- auto-pairs stepped over the closer the ghost types next: the text is unchanged
+    end
+  end
   if st.req and not cursor_at(st.req.origin) then cancel_request() end
   if M.config.cursor_debounce_ms <= 0 then return end
   if st.cursor_timer then st.cursor_timer:stop() else st.cursor_timer = uv.new_timer() end
