@@ -97,10 +97,14 @@ def displayed(trace_steps: list[Step], fired: list[Fired], outcomes: list[Outcom
                 ghost = (text, f.path, f.cursor)
         else:
             s = trace_steps[x]
-            typed = s.change[2] if s.kind == "key" and s.change else ""
-            if (typed and ghost and s.path == ghost[1] and s.change[:2] == (ghost[2], ghost[2])
-                    and s.cursor == ghost[2] + len(typed) and len(typed) < len(ghost[0])
-                    and ghost[0].startswith(typed)):
+            if s.kind == "over":  # typed over a closer: the caret steps past it, the text stays
+                typed, at = s.doc[s.cursor - 1:s.cursor], s.cursor - 1
+            elif s.kind == "key" and s.change and s.change[0] == s.change[1]:
+                typed, at = s.change[2], s.change[0]
+            else:
+                typed, at = "", None
+            if (typed and ghost and s.path == ghost[1] and at == ghost[2] and s.cursor == at + len(typed)
+                    and len(typed) < len(ghost[0]) and ghost[0].startswith(typed)):
                 ghost = (ghost[0][len(typed):], s.path, s.cursor)
             else:
                 ghost = None

@@ -334,30 +334,39 @@ def call_sites(i: int) -> list[int]:
     return [m.end() - 1 for m in re.finditer(r"\b[a-z_]+\(", src)][5::7]
 
 
+def same_as_cold(reference, out, how):
+    """An answer is its plan's computed cold: the text, where and why it stopped, what it replaces."""
+    want = cold(reference, out, how)
+    assert (out.text, out.stop_reason, out.replaces) == (want.text, want.stop_reason, want.replaces), (out, want)
+
+
 def test_an_answer_types_over_auto_paired_closers_and_taking_it_types_through(engine, reference):
-    """Typing ``(`` puts ``)`` after the cursor. With ``type_over`` the answer goes on past the closer it
-    types and replaces it; the document with the answer taken (its closer replaced) is answered from the
-    trail. Without it, the answer stops before the closer, and the editor's own type-over of the closer
-    (the caret moves past it, the text stays) types through. Every answer equals its plan computed cold."""
+    """Typing ``(`` puts ``)`` after the cursor (``f(`` in a call: ``print(f(|))``, two). With ``type_over``
+    the answer goes on past the closers it types and replaces them; the document with the answer taken
+    (its closers replaced) is answered from the trail. Without it, the answer stops before the closer,
+    and the editor's own type-over of the closer (the caret moves past it, the text stays) types
+    through. Every answer equals its plan computed cold."""
     over = Options(type_over=True)
     replaced = typed_over_by_editor = 0
     for i in range(4):
         src = sources()[i][:3000]
-        for cur in call_sites(i)[:3]:
+        for cur, typed in [(c, "(") for c in call_sites(i)[:3]] + [(c, "(f(") for c in call_sites(i)[3:5]]:
+            closers = ")" * typed.count("(")
             for how in (over, Options()):
-                path = f"over-{i}-{cur}-{how.type_over}.py"
+                path = f"over-{i}-{cur}-{len(typed)}-{how.type_over}.py"
                 base = src[:cur] + src[cur + 1:]  # the call's "(" not typed yet, the caret after the name
                 engine.complete(CompletionRequest(base, cur, path=path, **how.to_params()))  # the anchor
-                doc, at = base[:cur] + "()" + base[cur:], cur + 1  # "(" typed, ")" put by the editor
+                doc, at = base[:cur] + typed + closers + base[cur:], cur + len(typed)  # the editor put the closers
                 out = engine.complete(CompletionRequest(doc, at, path=path, **how.to_params()))
-                assert out.context.get("closers") == ")" and out.text == cold(reference, out, how).text
-                assert out.replaces == (typed_over(out.text, ")")[0] if how.type_over else 0), out.text
-                if REPLACEMENT in out.text:  # bytes that are not UTF-8 yet: typing the text types others
-                    continue
-                if how.type_over and out.replaces:  # the editor takes the answer: it replaces the closer
+                assert out.context.get("closers") == closers
+                same_as_cold(reference, out, how)
+                assert out.replaces == (typed_over(out.text, closers)[0] if how.type_over else 0), out.text
+                if REPLACEMENT in out.text or 0 < out.replaces < len(closers):  # (bytes that are not UTF-8 yet:
+                    continue  # typing the text types others; closers left: the next answer plans them)
+                if how.type_over and out.replaces:  # the editor takes the answer: it replaces the closers
                     replaced += 1
-                    doc, at = doc[:at] + out.text + doc[at + 1:], at + len(out.text)
-                elif not how.type_over and out.stop_reason == "closer":  # the user types it, then over ")"
+                    doc, at = doc[:at] + out.text + doc[at + out.replaces:], at + len(out.text)
+                elif not how.type_over and out.stop_reason == "closer" and len(closers) == 1:  # typed, then over ")"
                     doc, at = doc[:at] + out.text + doc[at:], at + len(out.text)
                     engine.complete(CompletionRequest(doc, at, path=path))
                     typed_over_by_editor += 1
@@ -368,5 +377,5 @@ def test_an_answer_types_over_auto_paired_closers_and_taking_it_types_through(en
                 nxt = engine.complete(CompletionRequest(doc, at, path=path, **how.to_params()))
                 assert nxt.source in ("accept", "type-through") and nxt.tokens.evaluated == 0, (out.text, nxt)
                 assert nxt.prompt.closers == ""  # none left after the cursor
-                assert nxt.text == cold(reference, nxt, how).text
+                same_as_cold(reference, nxt, how)
     assert replaced >= 2 and typed_over_by_editor >= 2  # the sweep exercises both

@@ -73,3 +73,19 @@ def test_the_editor_keeps_showing_a_ghost_typed_through():
     assert paced.displayed(st, fired, outs, t0)[1] == "ce"
     fired[1] = Fired(2, 1.65, "f.py", "x = ab", 6, 1.68)  # the answer came after the next key
     assert paced.displayed(st, fired, outs, t0)[1] == "cd"
+
+
+def test_typing_over_a_closer_shortens_the_ghost_that_types_it():
+    """``displayed``: in ``f(|)`` a ghost ``a) + 1`` (it types over the closer) stays while the user types
+    ``a`` and steps over the ``)`` (an ``over`` step: the text stays, the caret moves)."""
+    from efim_local.bench.editors import Fired, Outcome, Step
+
+    st = [Step(0.0, "f.py", "open", "f()", 2),
+          Step(1.0, "f.py", "key", "f(a)", 3, (2, 2, "a")),
+          Step(1.5, "f.py", "over", "f(a)", 4),
+          Step(2.0, "f.py", "key", "f(a)z", 5, (4, 4, "z"))]
+    fired = [Fired(0, 0.15, "f.py", "f()", 2, 1.0), Fired(1, 1.15, "f.py", "f(a)", 3, 1.5),
+             Fired(2, 1.65, "f.py", "f(a)", 4, 2.0)]
+    t0 = 100.0
+    outs = [Outcome(t0 + 0.15, pieces=[(t0 + 0.2, "a) + 1")]), Outcome(t0 + 1.15), Outcome(t0 + 1.65)]
+    assert paced.displayed(st, fired, outs, t0) == ["a) + 1", ") + 1", " + 1"]
