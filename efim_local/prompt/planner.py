@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from ..errors import PlanError
 from ..request import LAYOUTS
 from .windows import (CHARS_PER_TOKEN, MAX_CLOSERS, MIN_NEAR, NEAR, NEAREST, Frame, anchor_at,  # noqa: F401
-                      auto_closers,
+                      auto_closers, line_closers,
                       held_after, line_start, near_share, near_start, split, text_end, text_start, window_start,
                       window_step)
 
@@ -97,6 +97,10 @@ class Planner:
             middle_text = text[anchor.offset:cursor]
             middle = tuple(self.tokenize(middle_text))
         session.layout = layout
+        # After the closers auto-pairs put there since the anchor, those the anchor's line had already
+        # (a click into `read(|)`: the answer stops before its `)`, or types over it).
+        own = line_closers(anchor.suffix_text)
+        closers = closers + own if len(closers) + len(own) <= MAX_CLOSERS else closers
         return self.plan_on(anchor, layout, middle, middle_text, reason, closers)
 
     def plan_on(self, anchor: Anchor, layout: str, middle: tuple[int, ...], middle_text: str,

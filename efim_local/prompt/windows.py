@@ -153,6 +153,14 @@ def held_after(at: int, n_prefix: int, n_suffix: int, limit: int, head: int) -> 
     return min(n_prefix - at, max(0, head - at) + tail)
 
 
+def line_closers(suffix_text: str) -> str:
+    """The closers that end the cursor's line in ``suffix_text`` (the text after the cursor when its
+    anchor was made: a click into ``read(|)``), when nothing else follows on the line ("" otherwise):
+    an answer must not write them again (``read('a'))``)."""
+    line = suffix_text[:suffix_text.find("\n") if "\n" in suffix_text else len(suffix_text)].rstrip(" \t\r")
+    return line if 0 < len(line) <= MAX_CLOSERS and all(c in CLOSERS for c in line) else ""
+
+
 def auto_closers(suffix_text: str, text: str, cursor: int) -> str:
     """The closers an editor's auto-pairs put right after the cursor, if the text after it is
     ``suffix_text`` with only those in front ("" otherwise)."""

@@ -78,7 +78,8 @@ def test_slots_keep_files_apart(tiny_model):
 
 def test_max_tokens_stops(engine):
     doc = SOURCES[7][:800]
-    out = engine.complete(CompletionRequest(doc, 400, path="s.py", max_tokens=3))
+    cur = doc.index("passed-in") + 6  # (mid-word; at 400 the cursor was in a docstring's closing quotes: closers)
+    out = engine.complete(CompletionRequest(doc, cur, path="s.py", max_tokens=3, ignore_eog=True))
     assert out.stop_reason == "max_tokens" and out.tokens.generated == 3
 
 

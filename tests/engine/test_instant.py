@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from efim_local.engine import CompletionRequest, Engine
 from efim_local.engine.stream import typed_over
+from efim_local.prompt.windows import MAX_CLOSERS, line_closers
 from efim_local.request import Options
 
 from tests.helpers import small_config, sources
@@ -358,6 +359,8 @@ def test_an_answer_types_over_auto_paired_closers_and_taking_it_types_through(en
                 engine.complete(CompletionRequest(base, cur, path=path, **how.to_params()))  # the anchor
                 doc, at = base[:cur] + typed + closers + base[cur:], cur + len(typed)  # the editor put the closers
                 out = engine.complete(CompletionRequest(doc, at, path=path, **how.to_params()))
+                own = line_closers(base[cur:])  # and those that ended the line already (the outer call's)
+                closers = closers + own if len(closers + own) <= MAX_CLOSERS else closers
                 assert out.context.get("closers") == closers
                 same_as_cold(reference, out, how)
                 assert out.replaces == (typed_over(out.text, closers)[0] if how.type_over else 0), out.text

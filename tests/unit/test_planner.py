@@ -442,3 +442,22 @@ def test_a_line_of_indentation_alone_anchors_at_the_line_above():
     pl = make(MARKERS[0])  # a fragment-trained model's planner keeps the line's own start
     cur = doc.index("        \n") + 8
     assert pl.anchor_offset(doc, cur) == doc.index("    for") and replace(pl, lift_indent=False).anchor_offset(doc, cur) == cur - 8
+
+
+@pytest.mark.parametrize("layout", P.LAYOUTS)
+def test_closers_that_ended_the_line_when_the_anchor_was_made_are_closers_too(layout):
+    """A click into ``read(|)``: the ``)`` was there when the anchor was made (it is in the plan's
+    suffix); the plan names it a closer all the same, so the answer does not write it again
+    (``read('a'))``); closers auto-paired since come first."""
+    doc = "x = 1\ndata = read()\ny = 2\n"
+    cur = doc.index("read(") + 5
+    pl, s = make(), FileSession()
+    assert pl.plan(s, doc, cur, layout).closers == ")"
+    assert pl.plan(s, doc[:cur] + "'a" + doc[cur:], cur + 2, layout).closers == ")"  # typing on: the anchor's
+    s = FileSession()
+    pl.plan(s, doc, cur, layout)
+    plan = pl.plan(s, doc[:cur] + "f()" + doc[cur:], cur + 2, layout)  # "f(" typed, ")" auto-paired
+    assert plan.reanchor is None and plan.closers == "))"
+    for text, at in [("read() + 1\n", 5), ("read(\n)\n", 5), ("f(x)\n", 4)]:  # more on the line, none, the end
+        assert pl.plan(FileSession(), text, at, layout).closers == ""
+    assert pl.plan(FileSession(), 'print("")  \n', 7, layout).closers == '")'  # (blanks after them)
