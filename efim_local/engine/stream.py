@@ -145,16 +145,16 @@ def _over(text: str, closers: str) -> tuple[int, int, int | None]:
     """``text`` typing over ``closers`` in order: how many it types over, the index just after the
     last of them, and the first line end after some of them but before the next (None: none)."""
     k = at = 0
+    cut = None  # the count goes on past it, as it did before the two walks were one (and closers.lua's)
     for closer in closers:
         i = _closing(text[at:], closer)
-        if k:  # typed over some: a line end before the next closer ends the answer
+        if k and cut is None:  # typed over some: a line end before the next closer ends the answer
             nl = text.find("\n", at, len(text) if i is None else at + i)
-            if nl >= 0:
-                return k, at, nl
+            cut = nl if nl >= 0 else None
         if i is None:
             break
         k, at = k + 1, at + i + 1
-    return k, at, None
+    return k, at, cut
 
 
 def _block_cut(buf: str, line: str, above: tuple[str, ...], final: bool) -> tuple[int, str] | None:

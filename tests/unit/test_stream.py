@@ -141,6 +141,20 @@ def test_an_answer_that_types_over_closers_goes_on_past_them(closers, text, show
     assert StopRules(closers=closers).replaced(out) == 0  # without type_over nothing is replaced
 
 
+@pytest.mark.parametrize("closers, text, want", [
+    ("))", "x), y\nz)", (2, 8)),      # a line end between them does not stop the count (the stream's cut does)
+    (")])", "a)\nb]c)", (3, 7)),
+    (")", "`a)b`) + 1", (1, 6)),      # brackets in a string the text opens are text, whatever its quote
+    (")", '"a\\")b") + 1', (1, 8)),   # (an escaped quote does not close that string)
+    ("'", "it) + 'x", (1, 7)),        # the cursor's own string: its quote ends it, brackets or not
+    (")]", "x]) y", (1, 3)),          # in order: a ] before the ) is the text's own
+])
+def test_typed_over_counts_the_closers_a_text_types_over_in_order(closers, text, want):
+    """``typed_over`` is a function of any text, not only an answer the stream already cut: the count
+    the Neovim plugin's mirror of it (efim/closers.lua) also gives."""
+    assert typed_over(text, closers) == want
+
+
 def test_where_an_answer_typing_over_closers_ends_does_not_depend_on_its_tokens():
     """(Review: the cut was undone when a later chunk typed over the next closer.)"""
     rules = StopRules(closers='")', type_over=True)
