@@ -69,10 +69,11 @@ RULES = [StopRules(stop_at_newline=True), StopRules(max_lines=1), StopRules(max_
          StopRules(max_lines=3, stop_strings=("<END>", "\n\n\n")), StopRules(closers=")]"),
          StopRules(closers='"', stop_at_newline=True), StopRules(closers=")]", type_over=True),
          StopRules(closers='")', type_over=True, max_lines=2), StopRules(closers="})", type_over=True),
-         StopRules(closers="]")]
+         StopRules(closers="]"), StopRules(closers="`"), StopRules(closers="'`]", type_over=True)]
 
 
-@given(text=st.text(st.sampled_from(list("ab \t\r\n<END>()[]{}'\"\\") + ["日", "🙂"]), max_size=40),
+# Every character the closers use (windows.CLOSERS) and their openers, quotes and escapes among them.
+@given(text=st.text(st.sampled_from(list("ab \t\r\n<END>()[]{}'\"`\\") + ["日", "🙂"]), max_size=40),
        cuts=st.lists(st.integers(0, 200), max_size=12), rules=st.sampled_from(RULES))
 def test_what_is_shown_does_not_depend_on_token_boundaries(text, cuts, rules):
     out, reason = shown(rules, chunked(text.encode(), cuts))
