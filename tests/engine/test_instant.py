@@ -348,10 +348,10 @@ def test_an_answer_types_over_auto_paired_closers_and_taking_it_types_through(en
     and the editor's own type-over of the closer (the caret moves past it, the text stays) types
     through. Every answer equals its plan computed cold."""
     over = Options(type_over=True)
-    replaced = typed_over_by_editor = 0
+    replaced = typed_over_by_editor = replaced_both = 0
     for i in range(4):
         src = sources()[i][:3000]
-        for cur, typed in [(c, "(") for c in call_sites(i)[:3]] + [(c, "(f(") for c in call_sites(i)[3:5]]:
+        for cur, typed in [(c, "(") for c in call_sites(i)[:3]] + [(c, "(f(") for c in call_sites(i)[:5]]:
             closers = ")" * typed.count("(")
             for how in (over, Options()):
                 path = f"over-{i}-{cur}-{len(typed)}-{how.type_over}.py"
@@ -364,6 +364,7 @@ def test_an_answer_types_over_auto_paired_closers_and_taking_it_types_through(en
                 assert out.context.get("closers") == closers
                 same_as_cold(reference, out, how)
                 assert out.replaces == (typed_over(out.text, closers)[0] if how.type_over else 0), out.text
+                replaced_both += len(closers) == out.replaces == 2
                 if REPLACEMENT in out.text or 0 < out.replaces < len(closers):  # (bytes that are not UTF-8 yet:
                     continue  # typing the text types others; closers left: the next answer plans them)
                 if how.type_over and out.replaces:  # the editor takes the answer: it replaces the closers
@@ -382,3 +383,4 @@ def test_an_answer_types_over_auto_paired_closers_and_taking_it_types_through(en
                 assert nxt.prompt.closers == ""  # none left after the cursor
                 same_as_cold(reference, nxt, how)
     assert replaced >= 2 and typed_over_by_editor >= 2  # the sweep exercises both
+    assert replaced_both >= 1  # and an answer that types over both closers of print(f(|))
