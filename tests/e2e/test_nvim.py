@@ -372,7 +372,8 @@ def test_a_ghost_that_types_over_a_closer_replaces_it(start_nvim, healing_relay,
 CLOSER_CASES = [("est)", ")"), ("est) + 1\nnext", ")"), ("x), y)\nz", "))"), ("x), y\nz", "))"), ('abc", 1)', '")'),
                 ("'a)b')", ")"), ("'x)'), y", "))"), ('"(", x) + 1', ")"), ("'open\nx) + 1", ")"),
                 ("a: {'b': '}'}} rest", "}"), ('say \\"hi\\"" + x', '"'), ("f(x), g[1]) + 1", ")"), ("a]\nb) c", ")"),
-                ("no closer here", ")")]
+                ("no closer here", ")"), ("x), y\nz)", "))"), ("a)\nb]c)", ")])"), ("`a)b`) + 1", ")"),
+                ('"a\\")b") + 1', ")"), ("it) + 'x", "'"), ("x]) y", ")]"), ("`x`", "`"), ("'a(b' + [c])", "))")]
 
 
 @every_neovim
