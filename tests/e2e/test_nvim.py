@@ -395,20 +395,24 @@ def forced(relay, text: str, replaces):
     relay.edit = edit
 
 
-@pytest.mark.parametrize("line, replaces, want", [
-    ("foo()", 1, "foo(abc)"),     # the closer after the cursor is replaced
-    ("foo(b", 1, "foo(abc)b"),    # `b` is no closer: nothing replaced
-    ("foo()", 5, "foo(abc))"),    # more closers than the line has after the cursor, or than a ghost may replace
-    ("foo()", "1", "foo(abc)"),   # (a number in a string, as JSON from another daemon might carry)
-    ("foo()", -1, "foo(abc))"),
+@pytest.mark.parametrize("line, text, replaces, want", [
+    ("foo()", "abc)", 1, "foo(abc)"),            # the closer after the cursor is replaced
+    ("foo(b", "abc)", 1, "foo(abc)b"),           # `b` is no closer: nothing replaced
+    ("foo()", "abc)", 5, "foo(abc))"),           # more closers than the line has after the cursor
+    ("foo())))", "abc))))", 4, "foo(abc))))"),   # as many as a ghost may replace
+    ("foo()))))", "abc)))))", 5, "foo(abc)))))" + ")))))"),  # one more: as the LSP server, none replaced
+    ("foo()", "abc)", "1", "foo(abc))"),         # not a number (the LSP server shows no such answer)
+    ("foo()", "abc)", -1, "foo(abc))"),
 ])
-def test_the_plugin_replaces_only_closers_the_answer_types_over(nv, relay, tmp_path, line, replaces, want):
-    forced(relay, "abc)", replaces)
+def test_the_plugin_replaces_only_closers_the_answer_types_over(nv, relay, tmp_path, line, text, replaces, want):
+    """The daemon's ``replaces`` is checked as the LSP server checks it: at most 4 closers, found after
+    the cursor; anything else replaces nothing (the ghost is inserted as it is)."""
+    forced(relay, text, replaces)
     src = tmp_path / "r.py"
     open_file(nv, src, "x = 1\n" + line + "\n", "debounce_ms = 30, max_tokens = 4")
     nv.api.input("<Esc>2G04li")  # the caret after `foo(`
     nv.lua('require("efim").trigger()')
-    assert wait_for(lambda: nv.suggestion() == "abc)")
+    assert wait_for(lambda: nv.suggestion() == text)
     nv.api.input("<Tab>")
     assert wait_for(lambda: nv.api.current.line == want), (nv.api.current.line, want)
 

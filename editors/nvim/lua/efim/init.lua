@@ -131,7 +131,8 @@ local function show(o, text, res, chain, over)
   local hl = M.config.highlight
   local lines = vim.split(text, "\n", { plain = true })
   local line = vim.api.nvim_buf_get_lines(o.buf, o.row, o.row + 1, false)[1] or ""
-  over = over or (res and tonumber(res.replaces)) or 0
+  local n = res and res.replaces
+  over = over or (type(n) == "number" and n) or 0 -- (a string is no count: the LSP server takes none either)
   local after = line:sub(o.col + 1, o.col + over)
   -- As the LSP server does: a few closers, in the buffer after the cursor, that the text types over
   -- as the daemon says; anything else replaces nothing.
