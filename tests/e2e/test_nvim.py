@@ -417,14 +417,23 @@ def test_the_plugin_replaces_only_closers_the_answer_types_over(nv, relay, tmp_p
     assert wait_for(lambda: nv.api.current.line == want), (nv.api.current.line, want)
 
 
+# Auto-pairs' type-over of a closer typed before one, as insert-mode mappings make it: the caret steps
+# past the closer (the buffer unchanged), or the closer is deleted and typed again (the same text).
+STEP_OVER = {"right": "<Right>", "retype": "<Del>)"}
+
+
+def step_over_closers(nv, how: str) -> None:
+    nv.api.command(f"inoremap <expr> ) strpart(getline('.'), col('.') - 1, 1) == ')' ? '{STEP_OVER[how]}' : ')'")
+
+
 @every_neovim
-def test_stepping_over_the_closer_keeps_the_rest_of_the_ghost(start_nvim, relay, tmp_path):
-    """Auto-pairs step over a closer typed before one (here an insert-mode mapping, as such plugins
-    make): the buffer does not change, the caret moves past the closer, and the ghost that typed over
-    it goes on showing its rest after it."""
+@pytest.mark.parametrize("how", list(STEP_OVER))
+def test_stepping_over_the_closer_keeps_the_rest_of_the_ghost(start_nvim, relay, tmp_path, how):
+    """Auto-pairs step over a closer typed before one: the caret moves past the closer, the line's text
+    stays what it was, and the ghost that typed over it goes on showing its rest after it."""
     forced(relay, "est) + 1", 1)
     nv = start_nvim(relay.path)
-    nv.api.command("inoremap <expr> ) strpart(getline('.'), col('.') - 1, 1) == ')' ? '<Right>' : ')'")
+    step_over_closers(nv, how)
     open_file(nv, tmp_path / "s.py", "x = 1\nf()\n", "debounce_ms = 100000, max_tokens = 4")
     nv.api.input("<Esc>2G02li")  # the caret between ( and )
     nv.lua('require("efim").trigger()')
@@ -436,6 +445,24 @@ def test_stepping_over_the_closer_keeps_the_rest_of_the_ghost(start_nvim, relay,
     assert nv.api.current.line == "f(est)" and tuple(nv.api.current.window.cursor) == (2, 6)
     nv.api.input("<Tab>")
     assert wait_for(lambda: nv.api.current.line == "f(est) + 1"), nv.api.current.line
+
+
+@pytest.mark.parametrize("how", list(STEP_OVER))
+def test_stepping_over_two_closers_keeps_the_ghost_to_its_end(nv, relay, tmp_path, how):
+    """``g(f(|))``: a ghost that types over both closers stays through both steps, each drawn closer
+    typed over, and what is left of it is what Tab inserts."""
+    forced(relay, "x), y) + 1", 2)
+    step_over_closers(nv, how)
+    open_file(nv, tmp_path / "s2.py", "x = 1\ng(f())\n", "debounce_ms = 100000, max_tokens = 4")
+    nv.api.input("<Esc>2G04li")  # the caret between the inner ( and )
+    nv.lua('require("efim").trigger()')
+    assert wait_for(lambda: nv.suggestion() == "x), y) + 1")
+    for key, rest in [("x", "), y) + 1"), (")", ", y) + 1"), (", y", ") + 1"), (")", " + 1")]:
+        nv.api.input(key)
+        assert wait_for(lambda r=rest: nv.suggestion() == r), (key, nv.suggestion(), rest)
+    assert nv.api.current.line == "g(f(x), y)" and tuple(nv.api.current.window.cursor) == (2, 10)
+    nv.api.input("<Tab>")
+    assert wait_for(lambda: nv.api.current.line == "g(f(x), y) + 1"), nv.api.current.line
 
 
 @every_neovim
