@@ -89,3 +89,17 @@ def test_typing_over_a_closer_shortens_the_ghost_that_types_it():
     t0 = 100.0
     outs = [Outcome(t0 + 0.15, pieces=[(t0 + 0.2, "a) + 1")]), Outcome(t0 + 1.15), Outcome(t0 + 1.65)]
     assert paced.displayed(st, fired, outs, t0) == ["a) + 1", ") + 1", " + 1"]
+
+
+def test_stepping_over_a_closer_the_ghost_does_not_type_next_dismisses_it():
+    """``displayed``: in ``f(|)`` with the ghost ``a) + 1``, the user steps over the ``)`` without typing
+    ``a``: the ghost does not go on from there (its next character was not that closer)."""
+    from efim_local.bench.editors import Fired, Outcome, Step
+
+    st = [Step(0.0, "f.py", "open", "f()", 2),
+          Step(1.0, "f.py", "over", "f()", 3),
+          Step(2.0, "f.py", "key", "f()z", 4, (3, 3, "z"))]
+    fired = [Fired(0, 0.15, "f.py", "f()", 2, 1.0), Fired(1, 1.15, "f.py", "f()", 3, 2.0)]
+    t0 = 100.0
+    outs = [Outcome(t0 + 0.15, pieces=[(t0 + 0.2, "a) + 1")]), Outcome(t0 + 1.15)]
+    assert paced.displayed(st, fired, outs, t0) == ["a) + 1", ""]
