@@ -28,6 +28,8 @@ class StopRules:
 
 OPENERS = {")": "(", "]": "[", "}": "{"}
 QUOTES = "'\"`"  # strings an answer opens: the brackets in them are text
+STRING_PREFIXES = {"r", "b", "f", "u", "rb", "br", "fr", "rf"}  # Python's, before a quote
+WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")  # (ASCII: as closers.lua's %w)
 MIN_MARKER_TAIL = 2  # at the end of the stream, a tail this long that begins a stop string is dropped
 MIN_REPEAT = 8  # non-blank characters a line needs for its repeat of a line above to end an answer
 FENCE = "```"  # Markdown: an Instruct model closing (or opening) a code block it imagines
@@ -117,7 +119,7 @@ def _closing(buf: str, closer: str) -> int | None:
         if quote is not None:
             if ch == "\n" or (ch == quote and buf[i - 1] != "\\"):
                 quote = None
-        elif ch in QUOTES:
+        elif ch in QUOTES and _opens(buf, i):
             quote = ch
         elif ch in "([{":
             depth += 1
@@ -126,6 +128,20 @@ def _closing(buf: str, closer: str) -> int | None:
                 return i
             depth = max(0, depth - 1)  # a stray closer of another kind is the model's own
     return None
+
+
+def _opens(buf: str, i: int) -> bool:
+    """Whether the quote at ``buf[i]`` opens a string. An apostrophe does not after a letter, unless
+    those letters are a string prefix (``don't``, but ``f'{x}'``), nor after ``&`` or ``<``: a Rust
+    lifetime (``&'a str``)."""
+    if buf[i] != "'" or i == 0:
+        return True
+    if buf[i - 1] in "&<":
+        return False
+    j = i
+    while j > 0 and i - j <= 2 and buf[j - 1] in WORD:
+        j -= 1
+    return j == i or (buf[j:i].lower() in STRING_PREFIXES and (j == 0 or buf[j - 1] not in WORD))
 
 
 def typed_over(text: str, closers: str) -> tuple[int, int]:

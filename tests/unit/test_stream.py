@@ -115,6 +115,9 @@ def test_finish_after_a_stop_adds_nothing(rules, data):
     ('"', 'say \\"hi\\"" + x', 'say \\"hi\\"'),  # an escaped quote does not end the string
     (")", "no closer here", "no closer here"),
     (")", "'a)b') + 1", "'a)b'"),                # a string the answer opens hides its brackets
+    (")", "x: &'a str) -> u8", "x: &'a str"),    # an apostrophe that opens none: a Rust lifetime,
+    (")", "it's) + 1", "it's"),                  # in a word,
+    (")", "f'{x})') + 1", "f'{x})'"),            # (but a Python string prefix opens one)
     (")", '"(", x) + 1', '"(", x'),
     (")", "'open\nx) + 1", "'open\nx"),          # a quote left open ends with its line
     ("}", "a: {'b': '}'}} rest", "a: {'b': '}'}"),

@@ -11,6 +11,21 @@ function M.all_closers(s)
   return s:match("^[%)%]}\"'`]*$") ~= nil
 end
 
+local PREFIX = { r = true, b = true, f = true, u = true, rb = true, br = true, fr = true, rf = true }
+
+-- Whether the quote at byte `i` of `text` (from `at`) opens a string (engine/stream.py `_opens`): an
+-- apostrophe after letters does not (`don't`) unless they are a string prefix (`f'`), nor after `&`
+-- or `<` (a Rust lifetime, `&'a str`).
+local function opens(text, i, at)
+  if text:sub(i, i) ~= "'" or i == at then return true end
+  local before = text:sub(i - 1, i - 1)
+  if before == "&" or before == "<" then return false end
+  local j = i
+  while j > at and i - j <= 2 and text:sub(j - 1, j - 1):match("[%w_]") do j = j - 1 end
+  return j == i or (PREFIX[text:sub(j, i - 1):lower()] ~= nil
+    and (j == at or not text:sub(j - 1, j - 1):match("[%w_]")))
+end
+
 -- The byte offset in `text`, from `at`, of the character that closes the construct `c` ends (as the
 -- daemon's engine/stream.py `_closing`): an unmatched bracket, or for a quote the next unescaped one.
 local function closing(text, c, at)
@@ -22,7 +37,7 @@ local function closing(text, c, at)
       if ch == c and (i == at or not escaped) then return i end
     elseif quote then -- inside a string the text opened, until its quote or its line's end
       if ch == "\n" or (ch == quote and not escaped) then quote = nil end
-    elseif QUOTE[ch] then quote = ch
+    elseif QUOTE[ch] and opens(text, i, at) then quote = ch
     elseif ch == "(" or ch == "[" or ch == "{" then depth = depth + 1
     elseif OPENER[ch] then
       if depth == 0 and ch == c then return i end
