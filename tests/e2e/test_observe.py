@@ -71,7 +71,8 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
     assert re.search(f"complete {re.escape(str(src))} layout={layout} context=\\d+/\\d+\\(100%\\) cached=0 evaluated=",
                      lines[0]), lines[0]  # the context used, of the full plan's, and not reduced
     assert "tier=none reanchor=new_session" in lines[0]
-    assert "cached=" in lines[1] and "evaluated=1 generated=4 tier=slot reanchor=- source=computed " in lines[1]
+    # (the same prompt again: its slot holds all of it, and the logits after it: Decoder.kept_logits)
+    assert "cached=" in lines[1] and "evaluated=0 generated=4 tier=slot reanchor=- source=computed " in lines[1]
     assert f"first request: layout {layout} ({why})" in logs
     assert "DEBUG" not in logs and "watchdog" not in logs  # no library chatter without -v
     assert cli(env, "daemon", "logs", "-n", "1").stdout.decode().count("\n") == 1
