@@ -157,7 +157,8 @@ def line_closers(suffix_text: str) -> str:
     """The closers that end the cursor's line in ``suffix_text`` (the text after the cursor when its
     anchor was made: a click into ``read(|)``), when nothing else follows on the line ("" otherwise):
     an answer must not write them again (``read('a'))``)."""
-    line = suffix_text[:suffix_text.find("\n") if "\n" in suffix_text else len(suffix_text)].rstrip(" \t\r")
+    end = suffix_text.find("\n")
+    line = (suffix_text if end < 0 else suffix_text[:end]).rstrip(" \t\r")
     return line if 0 < len(line) <= MAX_CLOSERS and all(c in CLOSERS for c in line) else ""
 
 
