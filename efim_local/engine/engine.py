@@ -338,9 +338,9 @@ class Engine:
         """Compute the plan a request at ``cursor`` would make, then grow it (Growth.prefill_steps)."""
         drive(self.growth.prefill_steps(path, text, cursor, should_stop))
 
-    def ahead(self, path: str, should_stop=None, limit: int | None = None) -> None:
+    def ahead(self, path: str, should_stop=None, limit: int | None = None, typed: int | None = None) -> None:
         """Extend the greedy continuation of ``path``'s last answer (Trail.ahead_steps)."""
-        drive(self.trail.ahead_steps(path, should_stop, limit) or iter(()))
+        drive(self.trail.ahead_steps(path, should_stop, limit, typed) or iter(()))
 
     def calibrate(self, should_stop=None) -> None:
         """Measure the prefill speed and build the healer's index (Growth.calibrate_steps)."""

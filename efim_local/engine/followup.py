@@ -143,18 +143,22 @@ class FollowUp:
         if greedy(req.how) and (answered or isinstance(err, Cancelled)):
             # Cancelled too: the keys that cancel an answer mostly type its first characters, and the
             # request after the next pause types through its trail (instant.py); a few tokens do.
-            self.ahead_later(path, None if answered else self.engine.policy.ahead_cancelled)
+            if answered:
+                self.ahead_later(path)
+            else:  # (nothing of it typed yet)
+                self.ahead_later(path, self.engine.policy.ahead_cancelled, typed=0)
         if self.engine.reduced(path):
             self.scheduler.add_background(lambda engine, should_stop: engine.growth.grow_steps(path, should_stop),
                                           key=("grow", path), path=path)
         self.repo_check(path)
 
-    def ahead_later(self, path: str, limit: int | None = None) -> None:
+    def ahead_later(self, path: str, limit: int | None = None, typed: int | None = None) -> None:
         """While the answer is shown, extend its greedy continuation (the next completion after an
-        accept; ``limit``: by at most so many tokens): first among the file's background work but a
-        repository rebuild."""
-        self.scheduler.add_background(lambda engine, should_stop: engine.trail.ahead_steps(path, should_stop, limit),
-                                      key=("ahead", path), path=path, first=True)
+        accept; ``limit``, ``typed``: as ``Trail.ahead_steps``): first among the file's background work
+        but a repository rebuild."""
+        self.scheduler.add_background(
+            lambda engine, should_stop: engine.trail.ahead_steps(path, should_stop, limit, typed),
+            key=("ahead", path), path=path, first=True)
 
     def repo_check(self, path: str | None) -> None:
         """Rebuild the file's repository context if its imports or the project changed."""

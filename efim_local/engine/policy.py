@@ -58,11 +58,17 @@ class Policy:
     stages: int = 8  # growth computes a plan's suffix in steps of an eighth of its context (a keystroke takes each)
     stage_min: int = 64  # tokens: the smallest stage
 
-    # -- the trail of an answer the next keystroke cancelled (FollowUp.after, Trail.ahead_steps) --
-    # Tokens its greedy continuation is extended by while the user types on: the request after the
-    # next pause is then answered from it if the keys typed its start (paced replay, 0.5B: most
-    # answers are cancelled after a token or two, and their next ones asked it all again).
+    # -- the trail: an answer's greedy continuation, computed ahead (Trail.ahead_steps) -----------
+    # Tokens past what the user typed that the trail of a cancelled answer is extended to while the
+    # user types on (FollowUp.after, Runner.keystroke_steps): the request after the next pause is
+    # then answered from it if the keys typed its start (paced replay, 0.5B: most answers are
+    # cancelled after a token or two, and their next ones asked it all again).
     ahead_cancelled: int = 16
+    # While the file's plan is reduced (growth has work), any trail keeps at most this lead: enough
+    # for an instant first ghost; the rest of the engine's time goes to context. Paced efim trace,
+    # 0.5B, two runs each: 53.7, 60.7% useful with context 78-85% of the full plan, against 47.7,
+    # 52.7% with 41-55% unbounded (2026-11-28; the trail took 36 of the replay's 107 s).
+    ahead_reduced: int = 4
 
     # -- an answer begun at the keystroke (FollowUp.typed, Runner.keystroke_steps) ---------------
     # Each keystroke that leaves the trail starts the answer at once, with the options of the file's

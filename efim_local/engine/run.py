@@ -237,8 +237,10 @@ class Runner:
             if f is None or not f.open or f.version != version or f.caret is None or f.caret > len(f.text):
                 return None
             req = CompletionRequest.of(Position(f.text, f.caret, path), how)
-        if engine.instant.match(req) is not None:
-            return engine.trail.ahead_steps(path, should_stop, engine.policy.ahead_cancelled)
+        through = engine.instant.match(req)
+        if through is not None:  # the lead past what is typed, not past the trail's end: each key would add it
+            typed = len(through.shown.ids) - len(through.known)
+            return engine.trail.ahead_steps(path, should_stop, engine.policy.ahead_cancelled, typed)
         limit = engine.policy.keystroke_tokens
 
         def stop() -> bool:  # the next keystroke (its own answer starts), or enough for the request to take

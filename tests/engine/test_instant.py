@@ -208,6 +208,53 @@ def test_a_request_stops_the_continuation_computed_ahead(engine):
     assert engine.instant.shown["ahead.py"].ids == extended
 
 
+def test_the_trail_keeps_a_lead_past_what_was_typed(engine):
+    """``limit`` counts from the trail's tokens the user typed (``typed``), not from its end: a
+    keystroke that types on the trail does not lengthen it by the whole lead each time."""
+    doc, cur = doc_at(3, 1500)
+    engine.clear_slots()
+    engine.forget("lead.py")
+    engine.complete(CompletionRequest(doc, cur, path="lead.py", max_tokens=4))
+    assert not engine.reduced("lead.py")
+    s = engine.instant.shown["lead.py"]
+    n = len(s.ids)
+    if n < 3 or engine.instant.ends(s.ids[-1]):
+        pytest.skip("the answer ended at once")
+    engine.ahead("lead.py", limit=2, typed=1)  # 1 typed + 2 ahead: already held
+    assert len(s.ids) == n
+    engine.ahead("lead.py", limit=2)  # from the trail's end
+    assert len(s.ids) == n + 2 or engine.instant.ends(s.ids[-1])
+
+
+def test_the_trail_stays_short_while_the_plan_is_reduced(engine):
+    """Growth has work: an answer's continuation grows by at most ``Policy.ahead_reduced`` tokens
+    (the engine's time goes to the context; paced replay: 78-85% of the full plans against 41-55%)."""
+    from efim_local.engine.speed import PrefillSpeed
+
+    lead = engine.policy.ahead_reduced
+    speed, engine.speed = engine.speed, PrefillSpeed.fixed(1.0)  # 1 ms a token: 100 ms fit 100 tokens
+    try:
+        for i, at in [(i, at) for i in range(2, 6) for at in range(1500, 2500, 250)]:
+            doc, cur = doc_at(i, at)
+            engine.clear_slots()
+            engine.forget("short.py")
+            out = engine.complete(CompletionRequest(doc, cur, path="short.py", layout="efim", max_prompt_ms=100))
+            s = engine.instant.shown["short.py"]
+            if not engine.instant.ends(s.ids[-1]):  # an answer that ran to max_tokens: its trail goes on
+                break
+        else:
+            pytest.fail("every answer ended")
+    finally:
+        engine.speed = speed
+    assert engine.reduced("short.py") and out.context["reduced"]
+    n = len(s.ids)
+    engine.ahead("short.py")  # as after an answer: as far as its max_tokens but for the reduced plan
+    assert len(s.ids) == n + lead or (n < len(s.ids) < n + lead and engine.instant.ends(s.ids[-1]))
+    held = len(s.ids)
+    engine.ahead("short.py", limit=engine.policy.ahead_cancelled, typed=0)  # a cancelled answer's: held
+    assert len(s.ids) == held
+
+
 def test_accept_after_ahead_needs_no_decode(engine, reference):
     # an answer that is whole text (typing a REPLACEMENT types other bytes)
     for i, at in [(i, at) for i in range(2, 6) for at in range(1200, 2500, 100)]:
