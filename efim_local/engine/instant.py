@@ -201,19 +201,22 @@ class Trail:
     def ahead_steps(self, path: str, should_stop=None, limit: int | None = None, typed: int | None = None):
         """Extend ``path``'s trail from the KV's end while its answer is shown (background steps, one
         token each): the next completion after an accept is then known. Up to the answer's length plus
-        the request's max_tokens, or the end of generation; ``limit``: to at most so many tokens past
-        ``typed`` (the trail's tokens the user has typed; default: all it holds); while the file's
-        plan is reduced, at most ``Policy.ahead_reduced`` past it. Nothing when the slot lost the KV."""
+        the request's max_tokens, or the end of generation. ``limit``: at most so many tokens past
+        ``typed``, the trail's tokens the user typed (default: the answer's), and while the file's plan
+        is reduced at most ``Policy.ahead_reduced`` (a cancelled answer's trail, a keystroke's: the
+        next ghost's first tokens; the rest of the time goes to the context). An answer's own
+        continuation has no limit: an accept is answered from it. Nothing when the slot lost the KV."""
         engine = self.engine
         s = engine.instant.shown.get(path) if engine.instant is not None else None
         if s is None or not engine.backend.local_kv:  # replicas: the trail is the server's
             return
 
         target = min(s.n_answer + s.max_tokens, engine.config.context.n_ctx_seq - len(s.prompt) - 1)
-        if engine.reduced(path):  # growth has work: a short lead keeps the next answer instant
-            limit = engine.policy.ahead_reduced if limit is None else min(limit, engine.policy.ahead_reduced)
         if limit is not None:
-            target = min(target, (len(s.ids) if typed is None else typed) + limit)
+            if engine.reduced(path):  # growth has work (and a stage of it forgets this trail)
+                limit = min(limit, engine.policy.ahead_reduced)
+            # (counted from what is typed, not from the trail's end: a restarted task, or each key, would add it)
+            target = min(target, (s.n_answer if typed is None else typed) + limit)
         if len(s.ids) >= target or (s.ids and engine.instant.ends(s.ids[-1])):
             return
         slot, _ = engine.slots.pick(np.concatenate([s.prompt, np.asarray(s.ids, dtype=np.int32)]))

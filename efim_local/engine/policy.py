@@ -64,10 +64,11 @@ class Policy:
     # then answered from it if the keys typed its start (paced replay, 0.5B: most answers are
     # cancelled after a token or two, and their next ones asked it all again).
     ahead_cancelled: int = 16
-    # While the file's plan is reduced (growth has work), any trail keeps at most this lead: enough
-    # for an instant first ghost; the rest of the engine's time goes to context. Paced efim trace,
-    # 0.5B, two runs each: 53.7, 60.7% useful with context 78-85% of the full plan, against 47.7,
-    # 52.7% with 41-55% unbounded (2026-11-28; the trail took 36 of the replay's 107 s).
+    # While the file's plan is reduced (growth has work), a cancelled answer's trail and a keystroke's
+    # keep at most this lead: enough for an instant first ghost; the rest of the engine's time goes
+    # to context (an answer's own continuation stays whole: an accept is answered from it). Paced efim
+    # trace, 0.5B, two runs each: 58.0, 60.3% useful with context 78-85% of the full plan, against
+    # 47.7, 52.7% with 41-55% unbounded (2026-11-28; the trail took 36 of the replay's 107 s).
     ahead_reduced: int = 4
 
     # -- an answer begun at the keystroke (FollowUp.typed, Runner.keystroke_steps) ---------------

@@ -106,7 +106,7 @@ def test_a_cancelled_answer_goes_on_ahead_and_the_keys_that_cancelled_it_type_th
     except Cancelled:
         pass
     assert got() <= k
-    engine.ahead(path, limit=engine.policy.ahead_cancelled)
+    engine.ahead(path, limit=engine.policy.ahead_cancelled, typed=0)  # nothing of it typed yet
     s = engine.instant.shown[path]
     assert len(s.ids) > k or engine.instant.ends(s.ids[-1])
     typed = full[:n]
@@ -208,27 +208,51 @@ def test_a_request_stops_the_continuation_computed_ahead(engine):
     assert engine.instant.shown["ahead.py"].ids == extended
 
 
-def test_the_trail_keeps_a_lead_past_what_was_typed(engine):
-    """``limit`` counts from the trail's tokens the user typed (``typed``), not from its end: a
-    keystroke that types on the trail does not lengthen it by the whole lead each time."""
-    doc, cur = doc_at(3, 1500)
+def cancelled_after(engine, doc: str, cur: int, path: str, k: int, **kw):
+    """The file's trail after an answer cancelled once it generated ``k`` tokens (as a keystroke does)."""
+    from efim_local.errors import Cancelled
+
     engine.clear_slots()
-    engine.forget("lead.py")
-    engine.complete(CompletionRequest(doc, cur, path="lead.py", max_tokens=4))
-    assert not engine.reduced("lead.py")
-    s = engine.instant.shown["lead.py"]
-    n = len(s.ids)
-    if n < 3 or engine.instant.ends(s.ids[-1]):
-        pytest.skip("the answer ended at once")
-    engine.ahead("lead.py", limit=2, typed=1)  # 1 typed + 2 ahead: already held
-    assert len(s.ids) == n
-    engine.ahead("lead.py", limit=2)  # from the trail's end
-    assert len(s.ids) == n + 2 or engine.instant.ends(s.ids[-1])
+    engine.forget(path)
+    got = lambda: len(engine.instant.shown[path].ids) if path in engine.instant.shown else 0  # noqa: E731
+    try:
+        engine.complete(CompletionRequest(doc, cur, path=path, **kw), should_stop=lambda: got() >= k)
+    except Cancelled:
+        pass
+    return engine.instant.shown[path]
 
 
-def test_the_trail_stays_short_while_the_plan_is_reduced(engine):
-    """Growth has work: an answer's continuation grows by at most ``Policy.ahead_reduced`` tokens
-    (the engine's time goes to the context; paced replay: 78-85% of the full plans against 41-55%)."""
+def test_the_trail_keeps_a_lead_past_what_was_typed(engine):
+    """``limit`` counts from the trail's tokens the user typed (``typed``; default: the answer's), not
+    from the trail's end: neither a keystroke that types on it nor a restarted task lengthens it each
+    time. A keystroke computes ``typed`` from what its text covers (``Runner.keystroke_steps``)."""
+    from efim_local.engine.decode import drive
+
+    lead = engine.policy.ahead_cancelled
+    for i, at in [(i, at) for i in range(2, 6) for at in range(1200, 2500, 100)]:
+        doc, cur = doc_at(i, at)
+        s = cancelled_after(engine, doc, cur, "lead.py", 3, max_tokens=3 + lead + 4)  # (not what caps it)
+        first = engine.model.piece(s.ids[0]).decode("utf-8", "replace")
+        if len(s.ids) == 3 and not engine.instant.ends(s.ids[-1]) and not s.heal and first.isprintable() \
+                and first and REPLACEMENT not in first:
+            break
+    else:
+        pytest.fail("no answer of three tokens to type on")
+    engine.ahead("lead.py", limit=2, typed=1)  # 1 typed + 2 ahead: held already
+    engine.ahead("lead.py", limit=2)  # from the answer's end (a cancelled answer has none): held too
+    assert len(s.ids) == 3
+    # The user types the answer's first token: 1 typed (a cancelled answer has no tokens of its own)
+    f = engine.files.entry("lead.py")
+    f.text, f.version, f.open, f.caret = doc[:cur] + first + doc[cur:], 2, True, cur + len(first)
+    drive(engine.runner.keystroke_steps("lead.py", 2, Options(max_tokens=3 + lead + 4), lambda: False))
+    assert len(s.ids) == 1 + lead or engine.instant.ends(s.ids[-1])  # not 0 + the lead, nor 3 + it
+    assert len(s.ids) > 3
+
+
+def test_the_trail_stays_short_while_the_plan_is_reduced(engine, reference):
+    """Growth has work: a cancelled answer's trail goes on for at most ``Policy.ahead_reduced``
+    tokens (the engine's time goes to the context; paced replay: 81% of the full plans against 66%);
+    an answer's own continuation is whole, and an accept is answered from it without a decode."""
     from efim_local.engine.speed import PrefillSpeed
 
     lead = engine.policy.ahead_reduced
@@ -236,23 +260,25 @@ def test_the_trail_stays_short_while_the_plan_is_reduced(engine):
     try:
         for i, at in [(i, at) for i in range(2, 6) for at in range(1500, 2500, 250)]:
             doc, cur = doc_at(i, at)
-            engine.clear_slots()
-            engine.forget("short.py")
-            out = engine.complete(CompletionRequest(doc, cur, path="short.py", layout="efim", max_prompt_ms=100))
-            s = engine.instant.shown["short.py"]
-            if not engine.instant.ends(s.ids[-1]):  # an answer that ran to max_tokens: its trail goes on
+            s = cancelled_after(engine, doc, cur, "short.py", 1, layout="efim", max_prompt_ms=100)
+            if not engine.instant.ends(s.ids[-1]):
                 break
         else:
-            pytest.fail("every answer ended")
+            pytest.fail("every answer ended at once")
+        assert engine.reduced("short.py")
+        engine.ahead("short.py", limit=engine.policy.ahead_cancelled, typed=0)  # as FollowUp.after does
+        assert len(s.ids) == lead or (1 < len(s.ids) < lead and engine.instant.ends(s.ids[-1]))
+        out = engine.complete(CompletionRequest(doc, cur, path="short.py", layout="efim", max_prompt_ms=100))
+        assert out.context["reduced"] and engine.reduced("short.py")
+        engine.ahead("short.py")  # the answer's own continuation: to its max_tokens past it
+        s = engine.instant.shown["short.py"]
+        assert len(s.ids) == s.n_answer + s.max_tokens or engine.instant.ends(s.ids[-1])
+        with Decodes(engine) as d:
+            doc, cur = doc[:cur] + out.text + doc[cur:], cur + len(out.text)
+            nxt = engine.complete(CompletionRequest(doc, cur, path="short.py", layout="efim", max_prompt_ms=100))
+        assert nxt.source == "accept" and d.n == 0 and nxt.tokens.evaluated == 0
     finally:
         engine.speed = speed
-    assert engine.reduced("short.py") and out.context["reduced"]
-    n = len(s.ids)
-    engine.ahead("short.py")  # as after an answer: as far as its max_tokens but for the reduced plan
-    assert len(s.ids) == n + lead or (n < len(s.ids) < n + lead and engine.instant.ends(s.ids[-1]))
-    held = len(s.ids)
-    engine.ahead("short.py", limit=engine.policy.ahead_cancelled, typed=0)  # a cancelled answer's: held
-    assert len(s.ids) == held
 
 
 def test_accept_after_ahead_needs_no_decode(engine, reference):
