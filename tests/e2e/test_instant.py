@@ -3,7 +3,6 @@ keystroke by keystroke (didChange, then complete), is answered with 0 evaluated 
 accept is answered from the continuation computed while the suggestion was shown; a repeated plan
 from the cache; ``status`` counts the sources."""
 
-
 import time
 
 import pytest

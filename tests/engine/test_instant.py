@@ -85,6 +85,20 @@ def test_typing_the_answer_is_answered_from_its_trail_and_equals_cold(engine, re
                 assert d.n == 0, (typed, out.stop_reason)
 
 
+def cancelled_after(engine, doc: str, cur: int, path: str, k: int, **kw):
+    """The file's trail after an answer cancelled once it generated ``k`` tokens (as a keystroke does)."""
+    from efim_local.errors import Cancelled
+
+    engine.clear_slots()
+    engine.forget(path)
+    got = lambda: len(engine.instant.shown[path].ids) if path in engine.instant.shown else 0  # noqa: E731
+    try:
+        engine.complete(CompletionRequest(doc, cur, path=path, **kw), should_stop=lambda: got() >= k)
+    except Cancelled:
+        pass
+    return engine.instant.shown[path]
+
+
 @settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(i=st.integers(0, 5), at=st.integers(300, 2500), k=st.integers(1, 3), n=st.integers(1, 8))
 def test_a_cancelled_answer_goes_on_ahead_and_the_keys_that_cancelled_it_type_through(engine, reference, i, at,
@@ -93,21 +107,12 @@ def test_a_cancelled_answer_goes_on_ahead_and_the_keys_that_cancelled_it_type_th
     healed perhaps not spelled out yet), its trail is extended ahead as the scheduler does after a
     cancel (``FollowUp.after``), and the request after ``n`` typed characters is answered from the
     trail, with nothing evaluated, as the same plan computed cold."""
-    from efim_local.errors import Cancelled
-
     doc, cur = doc_at(i, at)  # four characters into a line: mid-indentation or mid-word, healed
     path = f"cancelled-{i}.py"
     full = reference.complete(CompletionRequest(doc, cur, path=path)).text
-    engine.clear_slots()
-    engine.forget(path)
-    got = lambda: len(engine.instant.shown[path].ids) if path in engine.instant.shown else 0  # noqa: E731
-    try:
-        engine.complete(CompletionRequest(doc, cur, path=path), should_stop=lambda: got() >= k)
-    except Cancelled:
-        pass
-    assert got() <= k
+    s = cancelled_after(engine, doc, cur, path, k)
+    assert len(s.ids) <= k
     engine.ahead(path, limit=engine.policy.ahead_cancelled, typed=0)  # nothing of it typed yet
-    s = engine.instant.shown[path]
     assert len(s.ids) > k or engine.instant.ends(s.ids[-1])
     typed = full[:n]
     if not typed:
@@ -208,20 +213,6 @@ def test_a_request_stops_the_continuation_computed_ahead(engine):
     assert engine.instant.shown["ahead.py"].ids == extended
 
 
-def cancelled_after(engine, doc: str, cur: int, path: str, k: int, **kw):
-    """The file's trail after an answer cancelled once it generated ``k`` tokens (as a keystroke does)."""
-    from efim_local.errors import Cancelled
-
-    engine.clear_slots()
-    engine.forget(path)
-    got = lambda: len(engine.instant.shown[path].ids) if path in engine.instant.shown else 0  # noqa: E731
-    try:
-        engine.complete(CompletionRequest(doc, cur, path=path, **kw), should_stop=lambda: got() >= k)
-    except Cancelled:
-        pass
-    return engine.instant.shown[path]
-
-
 def test_the_trail_keeps_a_lead_past_what_was_typed(engine):
     """``limit`` counts from the trail's tokens the user typed (``typed``; default: the answer's), not
     from the trail's end: neither a keystroke that types on it nor a restarted task lengthens it each
@@ -249,36 +240,30 @@ def test_the_trail_keeps_a_lead_past_what_was_typed(engine):
     assert len(s.ids) > 3
 
 
-def test_the_trail_stays_short_while_the_plan_is_reduced(engine, reference):
+def test_the_trail_stays_short_while_the_plan_is_reduced(slow):
     """Growth has work: a cancelled answer's trail goes on for at most ``Policy.ahead_reduced``
     tokens (the engine's time goes to the context; paced replay: 81% of the full plans against 66%);
     an answer's own continuation is whole, and an accept is answered from it without a decode."""
-    from efim_local.engine.speed import PrefillSpeed
-
-    lead = engine.policy.ahead_reduced
-    speed, engine.speed = engine.speed, PrefillSpeed.fixed(1.0)  # 1 ms a token: 100 ms fit 100 tokens
-    try:
-        for i, at in [(i, at) for i in range(2, 6) for at in range(1500, 2500, 250)]:
-            doc, cur = doc_at(i, at)
-            s = cancelled_after(engine, doc, cur, "short.py", 1, layout="efim", max_prompt_ms=100)
-            if not engine.instant.ends(s.ids[-1]):
-                break
-        else:
-            pytest.fail("every answer ended at once")
-        assert engine.reduced("short.py")
-        engine.ahead("short.py", limit=engine.policy.ahead_cancelled, typed=0)  # as FollowUp.after does
-        assert len(s.ids) == lead or (1 < len(s.ids) < lead and engine.instant.ends(s.ids[-1]))
-        out = engine.complete(CompletionRequest(doc, cur, path="short.py", layout="efim", max_prompt_ms=100))
-        assert out.context["reduced"] and engine.reduced("short.py")
-        engine.ahead("short.py")  # the answer's own continuation: to its max_tokens past it
-        s = engine.instant.shown["short.py"]
-        assert len(s.ids) == s.n_answer + s.max_tokens or engine.instant.ends(s.ids[-1])
-        with Decodes(engine) as d:
-            doc, cur = doc[:cur] + out.text + doc[cur:], cur + len(out.text)
-            nxt = engine.complete(CompletionRequest(doc, cur, path="short.py", layout="efim", max_prompt_ms=100))
-        assert nxt.source == "accept" and d.n == 0 and nxt.tokens.evaluated == 0
-    finally:
-        engine.speed = speed
+    engine, lead = slow, slow.policy.ahead_reduced
+    for i, at in [(i, at) for i in range(2, 6) for at in range(1500, 2500, 250)]:
+        doc, cur = doc_at(i, at)
+        s = cancelled_after(engine, doc, cur, "short.py", 1, layout="efim", max_prompt_ms=100)
+        if not engine.instant.ends(s.ids[-1]):
+            break
+    else:
+        pytest.fail("every answer ended at once")
+    assert engine.reduced("short.py")
+    engine.ahead("short.py", limit=engine.policy.ahead_cancelled, typed=0)  # as FollowUp.after does
+    assert len(s.ids) == lead or (1 < len(s.ids) < lead and engine.instant.ends(s.ids[-1]))
+    out = engine.complete(CompletionRequest(doc, cur, path="short.py", layout="efim", max_prompt_ms=100))
+    assert out.context["reduced"] and engine.reduced("short.py")
+    engine.ahead("short.py")  # the answer's own continuation: to its max_tokens past it
+    s = engine.instant.shown["short.py"]
+    assert len(s.ids) == s.n_answer + s.max_tokens or engine.instant.ends(s.ids[-1])
+    with Decodes(engine) as d:
+        doc, cur = doc[:cur] + out.text + doc[cur:], cur + len(out.text)
+        nxt = engine.complete(CompletionRequest(doc, cur, path="short.py", layout="efim", max_prompt_ms=100))
+    assert nxt.source == "accept" and d.n == 0 and nxt.tokens.evaluated == 0
 
 
 def test_accept_after_ahead_needs_no_decode(engine, reference):
