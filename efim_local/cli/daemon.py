@@ -193,7 +193,9 @@ def daemon_status(as_json):
     if st.get("engine_time_s"):  # where the engine's time went, by kind of work
         click.echo("engine time  " + engine_time_text(st["engine_time_s"]))
     for s in st["slots"]:
-        click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {(s['path'] if s['tokens'] else '') or '-'}")
+        state = f"{s['job']} ({s['phase']})" if s.get("job") else "idle"  # what runs in it as status asked
+        path = (s["path"] if s["tokens"] else "") or "-"
+        click.echo(f"slot {s['slot']}       {s['tokens']:6} tokens  {state:18} {path}")
     for path, f in req["files"].items():
         click.echo(f"file         {f['hit_rate']:6.0%} hits  {f['requests']:4} requests  {path}")
     if st.get("store"):

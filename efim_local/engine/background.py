@@ -62,7 +62,7 @@ class Growth:
         planner = engine.planner_for(session)  # with the file's repository context (repoctx.py)
         full = planner.full_anchor(partial, engine.config.max_tokens)
         chunk = self.riding_chunk if light else self.idle_chunk
-        ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light)
+        ro = RunOptions(path=path, should_stop=should_stop, chunk=chunk, idle=True, light=light, job="grow")
         near = self.near_plan(planner, path, full, partial)
         if near is not None:  # first the near window's plan: seconds, where the whole window takes tens
             nearest = self.nearest_plan(planner, full, partial, near)
@@ -196,7 +196,7 @@ class Growth:
         Cancelled when ``should_stop`` says so, keeping what was computed)."""
         engine = self.engine
         req = CompletionRequest(text, cursor, path=path, max_tokens=0)
-        ro = RunOptions(should_stop=should_stop, chunk=self.idle_chunk, idle=True)
+        ro = RunOptions(should_stop=should_stop, chunk=self.idle_chunk, idle=True, job="warm")
         yield from engine.runner.complete_steps(req, ro)
         yield from self.grow_steps(path, should_stop)
 
@@ -224,7 +224,7 @@ class Growth:
         prefix = planner.tokenize(text[:text_end(text, 0, planner.text_span(engine.config.max_tokens))])
         prefix = prefix[:space * 3 // 4]
         if prefix:
-            ro = RunOptions(path=path, should_stop=should_stop, chunk=self.idle_chunk, idle=True)
+            ro = RunOptions(path=path, should_stop=should_stop, chunk=self.idle_chunk, idle=True, job="warm")
             yield from engine.runner.run_steps(planner.head_tokens(tuple(prefix)), Options(max_tokens=0), ro)
 
     def calibrate_steps(self, should_stop=None, n: int = 64):
@@ -244,9 +244,11 @@ class Growth:
         if engine.speed.known or slot is None:
             return
         tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), 4 * n)
+        slot.start("calibrate", "prefill")
         try:  # chunks of a growing context: the decoder observes each (a per-token and a context cost)
             yield from engine.decoder.prefill_steps(slot, tokens, 0, should_stop, n)
         finally:
+            slot.end()
             engine.reuse.clear(slot)
 
     def idle_chunk(self, n_ctx: int) -> int:

@@ -224,20 +224,24 @@ class Trail:
             return
         slot.touch(path, engine.reuse.used(path))  # (dated by the file's last use: SlotManager._loss)
         heal = heal_left(engine.model, s)  # an answer cancelled before it spelled out the text healed
+        slot.start("ahead", "generate")
         with Sampler(SamplerParams()) as greedy:
-            while len(s.ids) < target:
-                if should_stop is not None and should_stop():
-                    raise Cancelled()
-                row = engine.decoder.logits_after(slot, s.prompt, s.ids)
-                if heal:  # as the decoder picks them (decode.py): the same trail as the answer's own
-                    tok = healing.pick(engine.ctx.logits(row), engine.decoder.healer.allowed(heal))
-                    heal = healing.left_after(heal, engine.model.piece(tok))
-                else:
-                    tok = greedy.sample(engine.ctx, row)
-                s.ids.append(tok)
-                if engine.instant.ends(tok):
-                    return
-                yield "ahead"
+            try:
+                while len(s.ids) < target:
+                    if should_stop is not None and should_stop():
+                        raise Cancelled()
+                    row = engine.decoder.logits_after(slot, s.prompt, s.ids)
+                    if heal:  # as the decoder picks them (decode.py): the same trail as the answer's own
+                        tok = healing.pick(engine.ctx.logits(row), engine.decoder.healer.allowed(heal))
+                        heal = healing.left_after(heal, engine.model.piece(tok))
+                    else:
+                        tok = greedy.sample(engine.ctx, row)
+                    s.ids.append(tok)
+                    if engine.instant.ends(tok):
+                        return
+                    yield "ahead"
+            finally:
+                slot.end()
 
 
 def keep_known(ctx, slot, prompt: np.ndarray, known) -> bool:

@@ -86,7 +86,8 @@ class RepoBuild:
         if project.t0_done != lead.t0_digest:  # the T0 head alone: its own saved state, shared by every file
             if engine.reuse.peek(np.asarray(head, dtype=np.int32)) < len(head):
                 yield from engine.runner.run_steps(head, Options(max_tokens=0), RunOptions(
-                    path=f"repo-t0:{project.root}", should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True))
+                    path=f"repo-t0:{project.root}", should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True,
+                    job="repo"))
             project.t0_done = lead.t0_digest
         old = session.anchor
         planner = engine.planner_with(lead.tokens)
@@ -102,7 +103,7 @@ class RepoBuild:
             return
         tokens = planner.stable_tokens(session.layout, new, session.typed)
         yield from engine.runner.run_steps(tokens, Options(max_tokens=0), RunOptions(
-            path=path, should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True))
+            path=path, should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True, job="repo"))
         if engine.files.get(path) is not f or f.session is not session or session.anchor is not old:
             raise Cancelled()  # re-anchored meanwhile: again when idle (what was prefilled stays in its slot)
         repo.use(session, path, lead, lead.tokens)

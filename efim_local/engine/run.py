@@ -55,6 +55,7 @@ class RunOptions:
     trail: list[int] | None = None  # receives the greedy continuation (GenSpec.trail)
     keep: Sequence[int] | None = None  # idle work: KV of these tokens that it never cuts (Reuse.start)
     keystroke: bool = False  # a request begun at its keystroke, before the editor asks (Runner.keystroke_steps)
+    job: str | None = None  # idle work's kind, the slot's job while it runs (slots.Slot; None: from the above)
 
 
 class Runner:
@@ -84,8 +85,8 @@ class Runner:
         keep = None if ro.keep is None else np.asarray(ro.keep, dtype=np.int32)
         start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light, keep)
         slot = start.slot
-        if not ro.idle:  # other work between this request's steps never picks, evicts or empties its slot
-            engine.slots.busy.add(slot.seq)
+        # (a request's, a keystroke's: other work between its steps never picks, evicts or empties the slot)
+        slot.start(ro.job or ("keystroke" if ro.keystroke else "idle" if ro.idle else "request"), "prefill")
         counts = TokenCounts(prompt=len(prompt))
         known = ro.known or ()
         try:
@@ -101,6 +102,7 @@ class Runner:
                                                                     ro.chunk)
             counts.cached, counts.evaluated = len(prompt) - evaluated, evaluated
             spec = GenSpec(rules, ro.on_text, how.ignore_eog, ro.should_stop, ro.heal, known, ro.trail)
+            slot.phase = "generate"
             with Sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
                 gen = yield from engine.decoder.generate_steps(slot, prompt, sampler, spec, ready, kept)
         except Cancelled as e:
@@ -111,7 +113,7 @@ class Runner:
         finally:
             log.debug("run %s%s: slot %d from %d (%s) of %d, now %d", "idle " if ro.idle else "", ro.path, slot.seq,
                       start.n_common, start.tier, len(prompt), len(slot.tokens))
-            engine.slots.busy.discard(slot.seq)
+            slot.end()
             engine.reuse.finish(start, ro.path, len(prompt), ro.checkpoint, ro.cold, ro.idle)
         t2 = time.perf_counter()
         reason = gen.reason
@@ -185,7 +187,7 @@ class Runner:
                                                          checkpoint=plan.middle_start, context=dict(context),
                                                          keystroke=ro.keystroke))
         ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
-                        idle=ro.idle, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
+                        idle=ro.idle, job=ro.job, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
                         trail=shown.ids if shown is not None else None)
         try:
             out = yield from self.run_steps(tokens, req.how, ro)

@@ -2,7 +2,8 @@
 
 Work is small steps (``run.py``, ``background.py``): a request's prefill batch, one generated token,
 a growth chunk, an idle prefill chunk, calibration, a save. Like llama.cpp server's slot loop, one
-thread takes one step at a time and picks the next by priority:
+thread ticks (``tick``): each tick takes one step, picked by priority (``_pick``), and each slot says
+what runs in it (``slots.Slot.job``, ``phase``):
 
 1. calls (status, test hooks: short, synchronous);
 2. a waiting request: it starts between two steps of any other when a slot has no request running
@@ -20,13 +21,11 @@ engine thread; then it queues its file's follow-up work (``followup.py``) if the
 with ``follow_up`` (the daemon's is): the engine decides what runs after a request, not its caller.
 
 The waits (the grace before idle work, the quiet before a save, holding idle work for a due request)
-are the engine's policy (``policy.py``), on its clock (tests/unit/test_policy.py: a fake one).
+are the engine's policy (``policy.py``), on its clock (tests/unit/test_policy.py: a fake one, ticks).
 
 Requests never wait for background work beyond one step (or one tokenizer poll): a background
 prompt batch stops between two graph nodes when a request or a call comes (``Engine.interrupt``; its
-KV is dropped, and the task goes on later from the batches before it). Background work never calls
-into a request. The queues are thread-safe: connection threads submit, the engine thread runs
-:meth:`Scheduler.run`.
+KV is dropped, the task goes on later from the batches before it). Connection threads submit.
 """
 
 from __future__ import annotations
@@ -114,10 +113,8 @@ class Scheduler:
         return queued or running
 
     def call(self, fn: Callable, timeout: float = 30.0, light: bool = False) -> Any:
-        """Run ``fn(engine)`` on the engine thread and return its result. A ``light`` call only reads
-        (status): it runs between two background batches, neither stopping one nor closing the task
-        (a status bar that polls every half second stopped the open file's warm each time, and it
-        never got past its first batch)."""
+        """Run ``fn(engine)`` on the engine thread and return its result (``light``: as ``post``'s; a status
+        bar that polled every half second stopped the open file's warm each time, never past its first batch)."""
         return self.post(fn, light).result(timeout)
 
     def post(self, fn: Callable, light: bool = False) -> Future:
@@ -144,8 +141,7 @@ class Scheduler:
             self.cond.notify()
 
     def pending_background(self) -> int:
-        """Background tasks queued or started."""
-        with self.cond:
+        with self.cond:  # background tasks queued or started
             return len(self.background)
 
     def queued(self) -> int:
@@ -179,60 +175,73 @@ class Scheduler:
                     t.steps.close()  # its slot is no longer a request's
             except Exception:  # noqa: BLE001 - the thread that ran it died: best effort
                 pass
-        self.engine.slots.busy.clear()
+        for slot in self.engine.slots.slots:
+            slot.end()
         for t in tasks:
             t.resolve(None, err)
         return tasks
 
     # -- the engine thread -----------------------------------------------------------------
     def run(self) -> None:
-        """The loop: one step at a time, until stop()."""
-        while True:
-            with self.cond:
-                save = self._wait()
-                expired = self._expired()
-                if self.calls:
-                    work = ("call", self.calls.popleft())
-                elif self.waiting and (doomed := next((t for t in self.running if t.cancelled.is_set()), None)):
-                    work = ("step", doomed)  # a superseded request ends first: its slot and trail are the next one's
-                elif self.waiting and not self._full():
-                    work = ("start", self._next_waiting())
-                    self.running.insert(0, work[1])
-                elif self.running:  # (a request waiting for a slot starts when one of these ends)
-                    work = ("step", self.running[0])
-                elif self.stopping:
-                    self._close_background()
-                    return
-                elif save:
-                    work = ("save", None)
-                else:
-                    work = ("background", None)
-            for task in expired:
-                self._end(task, None, Busy(f"busy: waited more than {task.max_wait:.0f} s for a slot"))
-            kind, item = work
+        """The loop: one tick at a time, until stop()."""
+        while self.tick():
+            pass
+
+    def tick(self) -> bool:
+        """One step of the work ``_pick`` chooses (waiting for some first); False once stopped."""
+        with self.cond:
+            save = self._wait()
+            expired = self._expired()
+            kind, item = self._pick(save)
+            if kind == "stop":
+                self._close_background()
+                return False
+        for task in expired:
+            self._end(task, None, Busy(f"busy: waited more than {task.max_wait:.0f} s for a slot"))
+        t = self.clock()
+        if self.held_at is not None:  # idle work waited for a request that was due (pace.py)
+            self._spend("held", self.held_at)
+            self.held_at = None
+        if kind != "background" and not (kind == "call" and item[2]):
+            self.engine.active_at = t  # foreground work (idle chunks stay short right after: background.py)
+            self._close_background()  # a request or a call comes first: background work goes on later
+            self._spend("background", t)
             t = self.clock()
-            if self.held_at is not None:  # idle work waited for a request that was due (pace.py)
-                self.spent["held"] = self.spent.get("held", 0.0) + t - self.held_at
-                self.held_at = None
-            if kind != "background" and not (kind == "call" and item[2]):
-                self.engine.active_at = t  # foreground work (idle chunks stay short right after: background.py)
-                self._close_background()  # a request or a call comes first: background work goes on later
-                self._spend("background", t)
-                t = self.clock()
-            if kind == "call":
-                self._call(*item[:2])
-                self._spend("call", t)
-            elif kind in ("start", "step"):
-                self._step(item)  # (counts its own time)
-            elif kind == "save":
-                self.save_at = None
-                try:  # a pause in typing: keep the states
-                    self.engine.flush()
-                except Exception:  # noqa: BLE001 - saving never takes the engine thread down
-                    log.exception("saving failed")
-                self._spend("save", t)
-            else:
-                self._background_step()
+        if kind == "call":
+            self._call(*item[:2])
+            self._spend("call", t)
+        elif kind in ("start", "step"):
+            self._step(item)  # (counts its own time)
+        elif kind == "save":
+            self.save_at = None
+            try:  # a pause in typing: keep the states
+                self.engine.flush()
+            except Exception:  # noqa: BLE001 - saving never takes the engine thread down
+                log.exception("saving failed")
+            self._spend("save", t)
+        else:
+            self._background_step()
+        return True
+
+    def _pick(self, save: bool) -> tuple[str, Any]:
+        """(Holding the lock, some work there.) What the next tick does, by the module docstring's order
+        (a superseded request's last step before the start of the one that superseded it); ``save``: its time."""
+        if self.calls:
+            return "call", self.calls.popleft()
+        if self.waiting and (doomed := next((t for t in self.running if t.cancelled.is_set()), None)):
+            return "step", doomed
+        if self.waiting and not self._full():  # the first whose file a free slot holds (a keystroke that
+            # superseded the request running there takes its slot back), else the first in
+            free = {s.path for s in self.engine.slots.free() if s.path is not None}
+            task = next((t for t in self.waiting if t.request.path in free), self.waiting[0])
+            self.waiting.remove(task)
+            self.running.insert(0, task)
+            return "start", task
+        if self.running:
+            return "step", self.running[0]
+        if self.stopping:
+            return "stop", None
+        return ("save" if save else "background"), None
 
     def _expired(self) -> list[RequestTask]:
         """The waiting requests past their ``max_wait``, taken from the queue, while every slot is taken
@@ -244,14 +253,6 @@ class Scheduler:
         for t in late:
             self.waiting.remove(t)
         return late
-
-    def _next_waiting(self) -> RequestTask:
-        """The next request to start: the first whose file a free slot holds (a keystroke that superseded
-        the request running there takes its slot back), else the first in."""
-        free = {s.path for s in self.engine.slots.free() if s.path is not None}
-        task = next((t for t in self.waiting if t.request.path in free), self.waiting[0])
-        self.waiting.remove(task)
-        return task
 
     def _full(self) -> bool:
         """Whether every slot has a request running in it (a remote-only engine has none: no limit)."""

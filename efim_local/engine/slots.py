@@ -10,6 +10,7 @@ import numpy as np
 from ..kv.prefix import common_prefix
 
 EMPTY = np.zeros(0, np.int32)
+HELD = ("request", "keystroke")  # the jobs other work never picks, evicts or empties a slot under
 
 
 @dataclass
@@ -26,6 +27,18 @@ class Slot:
     idle: bool = False  # last decoded by idle work (growth, prefill): its tail is the work's own to cut
     # The logits that follow a prompt whose KV it held, and that prompt (Decoder.kept_logits)
     logits: tuple[np.ndarray, np.ndarray] | None = None
+    # Its state (the engine thread's): the work running in it (a request's, a keystroke's answer, the
+    # trail "ahead", "grow", "warm", "repo", "calibrate"; None: none) and where that work is: "idle",
+    # "prefill" (prompt batches) or "generate" (a token at a time)
+    job: str | None = None
+    phase: str = "idle"
+
+    def start(self, job: str, phase: str) -> None:
+        """Work ``job`` runs in the slot from now, in ``phase`` (``end`` when it ends, however it ends)."""
+        self.job, self.phase = job, phase
+
+    def end(self) -> None:
+        self.job, self.phase = None, "idle"
 
     def touch(self, path: str | None, used: float | None = None) -> None:
         """Work ran in the slot for ``path`` now, whose user last used it at ``used`` (None: now)."""
@@ -49,13 +62,16 @@ class SlotManager:
     def __init__(self, n_slots: int, min_reuse: int = 16):
         self.slots = [Slot(seq=i) for i in range(n_slots)]
         self.min_reuse = min_reuse
-        # The slots requests are running in: other work between their steps (growth, another
-        # request) never picks, evicts or empties them.
-        self.busy: set[int] = set()
+
+    @property
+    def busy(self) -> set[int]:
+        """The slots requests are running in (``HELD``): other work between their steps (growth, another
+        request) never picks, evicts or empties them."""
+        return {s.seq for s in self.slots if s.job in HELD}
 
     def free(self) -> list[Slot]:
         """The slots no request is running in."""
-        return [s for s in self.slots if s.seq not in self.busy]
+        return [s for s in self.slots if s.job not in HELD]
 
     def pick(self, tokens: np.ndarray, path: str | None = None, busy_ok: bool = False) -> tuple[Slot, int]:
         """The slot to decode ``tokens`` in and how many of them it holds (``busy_ok``: the busy slot

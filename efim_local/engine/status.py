@@ -25,7 +25,8 @@ class StatusReport:
 
     def slot_info(self) -> list[dict]:
         engine = self.engine
-        return [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens)} for s in engine.slots.slots]
+        return [{"slot": s.seq, "path": s.path, "tokens": len(s.tokens), "job": s.job, "phase": s.phase}
+                for s in engine.slots.slots]
 
     def measure_cores(self) -> None:
         """A fresh count of the CPU other processes take (a wait of up to ``Policy.cpu_probe_s``; not on the

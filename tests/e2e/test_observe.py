@@ -95,7 +95,8 @@ def test_requests_are_logged_and_status_shows_them(env, tmp_path):
                  f" 50% hits     2 requests  {src}", "ram tier", "disk tier", "/ 512 MiB", "threads",
                  "engine time  ", " generate "):
         assert want in text, (want, text)
-    assert re.search(rf"slot \d +\d+ tokens  {re.escape(str(src))}", text)
+    # what runs in each slot as status asked: its job and phase, or idle
+    assert re.search(rf"slot \d +\d+ tokens  (idle|[a-z]+ \((prefill|generate)\)) +{re.escape(str(src))}", text)
 
     # `efim status` is the daemon's, without loading the model in this process
     daemon_heal = st["heal"]

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from efim_local.engine import CompletionRequest, Engine
+from efim_local.engine.decode import drive
 from efim_local.engine.scheduler import Scheduler
 from efim_local.engine.tasks import RequestTask
 from efim_local.errors import Busy, Cancelled, InternalError
@@ -97,6 +98,27 @@ def test_a_waiting_request_starts_between_the_tokens_of_another(scheduler, engin
     cold(reference, engine, a, out_a)
     cold(reference, engine, b, out_b)
     assert not engine.slots.busy
+
+
+def test_each_slot_says_what_runs_in_it(scheduler, engine):
+    """A slot's job and phase, as the engine thread sees them between two steps: a request's while it
+    generates (no other work picks its slot), idle work's while it prefills, none after either ends."""
+    seen = []
+    states = lambda: sorted((s.job, s.phase) for s in engine.slots.slots if s.job is not None)
+    rec = Recorder()
+    scheduler.submit(rec.task("A", request(0, 1500, 4), on_first_text=lambda: seen.append(states())))
+    rec.wait("A")
+    assert seen == [[("request", "generate")]] and rec.results["A"][1] is None
+    assert not engine.slots.busy and states() == []
+    text = sources()[2][:2000]
+
+    def stop():  # polled between two of the warm's prompt batches
+        seen.append(states())
+        return False
+
+    drive(engine.growth.top_steps("sched-top.py", text, stop))
+    assert seen[1:] and all(s == [("warm", "prefill")] for s in seen[1:]), seen
+    assert states() == []
 
 
 def test_the_engine_queues_a_requests_follow_up_work(engine):

@@ -25,6 +25,7 @@ from efim_local.engine.run import stage_ends
 from efim_local.engine.scheduler import Scheduler
 from efim_local.engine.speed import PrefillSpeed
 from efim_local.engine.tasks import RequestTask
+from efim_local.errors import Cancelled
 
 
 class FakeClock:
@@ -306,6 +307,70 @@ def test_the_scheduler_times_its_work_by_the_policys_clock(clock, policy):
     sched.add_background(lambda engine, stop: clock.advance(0.25), key=("grow", "a.py"))
     sched._background_step()
     assert sched.spent == {"idle_grow": 0.25}
+
+
+def test_each_tick_takes_the_work_of_highest_priority(clock, policy):
+    """The loop's order, one ``tick`` at a time on a fake engine (a request's steps are a script):
+    a call first; a waiting request starts between two tokens of a running one; generation takes
+    turns; a superseded request ends before the request that superseded it starts; background work
+    only once no request runs, after the grace; a save after the quiet."""
+    log: list = []
+
+    def script(name, steps, should_stop):
+        def gen():
+            for kind in steps:
+                if should_stop():
+                    raise Cancelled()  # (as a request's steps do between two tokens)
+                log.append(f"{name}:{kind}")
+                yield kind
+            return name
+        return gen()
+
+    e = fake_engine(policy, slots=SimpleNamespace(slots=[object(), object()], free=lambda: []),
+                    flush=lambda: log.append("save"), growth=None, reduced=lambda path: False,
+                    config=SimpleNamespace(grow_share=0.0, grow_window_ms=0, idle_chunk_ms=50,
+                                           idle_chunk_tokens=64, max_tokens=8))
+    scripts = {"a": ["prefill", "shown", "shown"], "b": ["prefill", "shown", "shown", "shown"], "c": ["shown"]}
+    e.runner = SimpleNamespace(complete_steps=lambda req, ro: script(req.path, scripts[req.path], ro.should_stop))
+    sched = Scheduler(e)
+    done: dict = {}
+
+    def submit(path, key=None):
+        task = RequestTask(key or path, SimpleNamespace(path=path), queued_at=clock())
+        task.future.add_done_callback(lambda f: done.setdefault(path, f.exception() or f.result()))
+        sched.submit(task)
+        return task
+
+    submit("a")
+    sched.post(lambda engine: log.append("call"))
+    sched.add_background(lambda engine, stop: log.append("background"), key="bg")
+    sched.tick()
+    assert log == ["call"]
+    sched.tick(), sched.tick()
+    assert log[1:] == ["a:prefill", "a:shown"]
+    submit("b")
+    sched.tick()  # b starts between two of a's tokens (a slot has no request running in it)
+    assert log[-1] == "b:prefill"
+    for _ in range(3):
+        sched.tick()  # generation takes turns, a prefill went on first
+    assert log[-3:] == ["b:shown", "a:shown", "b:shown"]
+    sched.tick()  # a ends
+    assert done == {"a": "a"}
+    submit("c", key="b")  # supersedes b, which is running: b ends first, then c starts
+    sched.tick()
+    assert isinstance(done["b"], Cancelled) and log[-1] == "b:shown"  # (its step stopped it)
+    sched.tick()
+    assert log[-1] == "c:shown"
+    sched.tick()
+    assert done["c"] == "c" and sched.running == [] and "background" not in log
+    clock.advance(policy.idle_grace)
+    sched.tick()  # the grace is over: background work
+    assert log[-1] == "background"
+    clock.advance(policy.save_delay)
+    sched.tick()  # the quiet is over: the slots are saved
+    assert log[-1] == "save"
+    sched.stop()
+    assert sched.tick() is False
 
 
 # -- interrupts -------------------------------------------------------------------------------------
