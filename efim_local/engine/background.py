@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import Cancelled
 from ..request import CompletionRequest, Options
 from ..prompt.windows import text_end
-from .decode import SHOWN, drive
+from .decode import PREFILL, SHOWN
 from .run import PROBE, RunOptions, stage_ends
 from .tokenizing import interruptible_planning
 
@@ -99,6 +99,7 @@ class Growth:
             out = yield from engine.runner.run_steps(stage, Options(max_tokens=0), refresh)
             engine.slots.slots[out.slot].idle = False
             self.stage_done(ro.path)
+            yield PREFILL  # a step ends between two stages too (the next begins with a batch of its own)
         out = yield from engine.runner.run_steps(tokens, Options(max_tokens=0), ro)
         if leave:
             engine.slots.slots[out.slot].idle = False
@@ -303,7 +304,10 @@ class Alongside:
     (another slot: the answer is unchanged), spending ``grow_share`` of the time, until
     ``grow_window_ms`` after the request came. While someone types, the next keystroke most likely
     comes within the window and supersedes the completion; past it they are waiting for it, at full
-    speed. ``yield_to()`` says other work waits: growth does not run then."""
+    speed. ``yield_to()`` says other work waits: growth does not run then. The growth is one job, planned
+    once for the request, a step of it chunks for up to ``Growth.riding_s``; whoever steps it closes
+    it (``close``) when other work comes between two of the request's tokens (it would pick or change
+    the slot growth is in) and when the request ends."""
 
     def __init__(self, engine, path: str | None, t0: float, should_stop=None, yield_to=None):
         self.engine, self.path, self.should_stop, self.yield_to = engine, path, should_stop, yield_to
@@ -313,39 +317,55 @@ class Alongside:
         self.share, self.window = cfg.grow_share, t0 + cfg.grow_window_ms / 1e3
         self.on = self.share > 0 and len(engine.slots.slots) >= 2
         self.next_at = 0.0
+        self.steps = None  # the growth begun, between two of its chunks
 
     def step(self) -> None:
-        """One growth chunk, if it is due (the engine thread, between two of the request's steps)."""
+        """Growth chunks for up to ``riding_s``, if due (the engine thread, between two of the request's steps)."""
         t = self.clock()
-        if (not self.on or t < self.next_at or t >= self.window or not self.engine.slots.free()
-                or not self.growth.reduced(self.path)):
-            return  # (no slot without a request in it: nowhere to grow)
-        if self.yield_to is not None and self.yield_to():
+        if not self.on or t < self.next_at or t >= self.window or (self.yield_to is not None and self.yield_to()):
             return
+        if self.steps is None:
+            if not self.engine.slots.free() or not self.growth.reduced(self.path):
+                return  # (no slot without a request in it: nowhere to grow)
+            self.steps = self.growth.grow_steps(self.path, self.stop, light=True)
         deadline = t + self.growth.riding_s()
-        stop = lambda: (self.clock() >= deadline or (self.should_stop is not None and self.should_stop())
-                        or (self.yield_to is not None and self.yield_to()))
         try:
-            drive(self.growth.grow_steps(self.path, stop, light=True))
-        except Cancelled:
-            pass
+            while self.clock() < deadline and not self.stop():
+                next(self.steps)
+        except (StopIteration, Cancelled):
+            self.steps = None  # grown (or stopped: the request ends)
         except Exception:  # noqa: BLE001 - optional work never fails the request
             log.exception("growth during generation failed")
-            self.on = False
+            self.on, self.steps = False, None
             return
         done = self.clock()
         self.next_at = done + (done - t) * (1 - self.share) / self.share
 
+    def stop(self) -> bool:
+        return (self.should_stop is not None and self.should_stop()) or (self.yield_to is not None and self.yield_to())
+
+    def close(self) -> None:
+        """End the growth begun (what it computed stays in its slot; the next request's goes on from there)."""
+        steps, self.steps = self.steps, None
+        if steps is not None:
+            try:
+                steps.throw(Cancelled())
+            except (Cancelled, StopIteration):
+                pass
+
 
 def drive_riding(steps, ride: Alongside):
     """Run a request's steps to the end, growing alongside after each token that showed text."""
-    while True:
-        try:
-            kind = next(steps)
-        except StopIteration as done:
-            return done.value
-        if kind == SHOWN:
-            ride.step()
+    try:
+        while True:
+            try:
+                kind = next(steps)
+            except StopIteration as done:
+                return done.value
+            if kind == SHOWN:
+                ride.step()
+    finally:
+        ride.close()
 
 
 TaskFn = Callable  # (engine, should_stop) -> a generator of steps, or None when done at once

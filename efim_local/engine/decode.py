@@ -115,6 +115,8 @@ class Decoder:
         while pos < len(prompt):
             if pos > n_common:
                 yield PREFILL
+                if len(slot.tokens) != pos:  # evicted meanwhile (Decoder.decode, for a request): start again later
+                    raise Cancelled()
             if should_stop is not None and should_stop():
                 raise Cancelled()
             step = chunk(pos) if callable(chunk) else chunk or self.batch.capacity

@@ -106,7 +106,10 @@ class Reuse:
             return
         # (No spare but a file used since this one's last use: growth goes on in place, at the cost of
         # this file's keystroke KV, not of a file in use.)
-        spare = self.slots.spare(exclude=src.seq, path=path, used=self.used(path))
+        # Never into a slot that holds more of ``keep`` than the source shares: growth's progress past the
+        # stage it refreshes (growth riding along a request lost it so when the request took the stage)
+        ahead = set() if keep is None else {s.seq for s in self.slots.slots if common_prefix(s.tokens, keep) > n}
+        spare = self.slots.spare(exclude={src.seq, *ahead}, path=path, used=self.used(path))
         if spare is None:
             return
         if spare.dirty:

@@ -171,6 +171,8 @@ class Scheduler:
             self.background.current = None
         for t in tasks:
             try:
+                if t.ride is not None:
+                    t.ride.close()
                 if t.steps is not None:
                     t.steps.close()  # its slot is no longer a request's
             except Exception:  # noqa: BLE001 - the thread that ran it died: best effort
@@ -205,6 +207,9 @@ class Scheduler:
         if kind != "background" and not (kind == "call" and item[2]):
             self.engine.active_at = t  # foreground work (idle chunks stay short right after: background.py)
             self._close_background()  # a request or a call comes first: background work goes on later
+            for task in self.running:  # and growth riding along another request than the one stepped
+                if task is not item and task.ride is not None:
+                    task.ride.close()
             self._spend("background", t)
             t = self.clock()
         if kind == "call":
@@ -325,6 +330,8 @@ class Scheduler:
             if task in self.running:
                 self.running.remove(task)
         task.steps = None
+        if task.ride is not None:
+            task.ride.close()  # (its growth's progress stays in its slot)
         now = self.clock()
         # Right after a keystroke the next request cannot come before the editor's debounce (pace.py)
         grace = self.policy.idle_grace

@@ -86,11 +86,11 @@ class SlotManager:
             n, slot = min(scored, key=lambda x: (path is None or x[1].path != path, *self._loss(x[1])))
         return slot, n
 
-    def spare(self, exclude: int, path: str | None = None, used: float | None = None) -> Slot | None:
-        """A slot other than ``exclude`` that holds less than a reuse's worth, else the least recently
+    def spare(self, exclude: set[int], path: str | None = None, used: float | None = None) -> Slot | None:
+        """A slot not in ``exclude`` that holds less than a reuse's worth, else the least recently
         used other one (as ``pick``); None when that one holds another file than ``path`` used after
         ``used`` (the file's last use): a copy for a file's idle work never evicts a file in use."""
-        others = [s for s in self.free() if s.seq != exclude]
+        others = [s for s in self.free() if s.seq not in exclude]
         spare = min(others, key=self._loss) if others else None
         if (spare is not None and used is not None and spare.path != path and spare.used > used
                 and len(spare.tokens) >= self.min_reuse):
@@ -105,5 +105,6 @@ class SlotManager:
         return len(slot.tokens) >= self.min_reuse, slot.used, slot.last_used
 
     def lru(self, exclude: set[int]) -> Slot | None:
+        """The slot to evict when the KV cache is full: one no work runs in first (a request's never)."""
         cands = [s for s in self.free() if s.seq not in exclude and len(s.tokens)]
-        return min(cands, key=lambda s: (s.used, s.last_used)) if cands else None
+        return min(cands, key=lambda s: (s.job is not None, s.used, s.last_used)) if cands else None

@@ -137,6 +137,8 @@ def shape(line: str) -> str:
     # A used slot's tokens: the prompt and the answer's continuation, which idle work extends while
     # the answer is shown (type-through, accept), so how far depends on the moment.
     line = re.sub(r"^(slot \d+\s+)[1-9]\d* tokens", r"\1N tokens", line)
+    # and what runs in it as status asks (the continuation, growth: the moment's too)
+    line = re.sub(r"^(slot \d+\s+\S+ tokens\s+)[a-z]+ \((prefill|generate)\)", r"\1idle", line)
     return " ".join(line.split())
 
 

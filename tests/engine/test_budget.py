@@ -328,6 +328,36 @@ def test_growth_riding_along_a_request_never_cuts_the_stage_ahead(engine):
         engine.config = replace(engine.config, grow_share=0.0, idle_chunk_ms=50.0)
 
 
+def test_growth_riding_along_a_request_is_one_job_beside_it(engine, monkeypatch):
+    """Growth riding along a request is planned once for it and goes on chunk by chunk between its
+    tokens, in a slot of its own: while the request's slot generates, growth's prefills (each slot
+    says so), and its progress stays when the request ends."""
+    engine.config = replace(engine.config, grow_share=0.9, idle_chunk_ms=1.0)  # a chunk after each token
+    try:
+        text, path = DOCS[2], "ride-job.py"
+        engine.forget(path)
+        cur = text.index("\n", 3000) + 1
+        engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
+        assert engine.reduced(path)
+        planned, seen = [], []
+        grow = engine.growth.grow_steps
+        monkeypatch.setattr(engine.growth, "grow_steps", lambda *a, **k: planned.append(1) or grow(*a, **k))
+        held = lambda: {s.seq: len(s.tokens) for s in engine.slots.slots}
+        on_text = lambda _: seen.append((sorted((s.job, s.phase) for s in engine.slots.slots if s.job), held()))
+        out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100,
+                                                max_tokens=16, ignore_eog=True), on_text=on_text)
+        assert out.context["reduced"] and len(seen) >= 8
+        beside = [h for states, h in seen if states == [("grow", "prefill"), ("request", "generate")]]
+        assert len(beside) >= 3, seen  # one job, many chunks between the request's tokens
+        assert planned == [1]  # planned once (it was planned again at each token)
+        grown = [seq for seq in beside[0] if beside[-1][seq] > beside[0][seq] and seq != out.slot]
+        assert grown  # its slot grew from token to token
+        assert all(s.job is None for s in engine.slots.slots)
+        assert len(engine.slots.slots[grown[0]].tokens) >= beside[-1][grown[0]]  # what it computed stays
+    finally:
+        engine.config = replace(engine.config, grow_share=0.0, idle_chunk_ms=50.0)
+
+
 def test_a_budgeted_reanchor_tokenizes_the_file_once(engine, monkeypatch):
     text, path = DOCS[3], "once.py"
     cur = text.index("\n", 3000) + 1

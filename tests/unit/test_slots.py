@@ -29,7 +29,7 @@ def test_growth_takes_a_slot_cut_to_a_marker_before_the_least_recently_used():
     full = np.array([1, 500, 501, 502], dtype=np.int32)  # another plan of the same file
     assert m.pick(full, None) == (m.slots[1], 1)  # idle work (no path)
     assert m.pick(full, "/w/a.py") == (m.slots[1], 1)
-    assert m.spare(exclude=2) is m.slots[1]  # where growth copies a keystroke's slot to grow it (Reuse.fork)
+    assert m.spare(exclude={2}) is m.slots[1]  # where growth copies a keystroke's slot to grow it (Reuse.fork)
 
 
 def test_a_copy_for_idle_work_never_evicts_a_file_used_since():
@@ -40,9 +40,9 @@ def test_a_copy_for_idle_work_never_evicts_a_file_used_since():
     m.slots[0].tokens, m.slots[0].path, m.slots[0].used = np.arange(1, 300, dtype=np.int32), "/w/big.py", 1.0
     m.slots[1].tokens, m.slots[1].path, m.slots[1].used = np.arange(1, 40, dtype=np.int32), "/w/a.py", 2.0
     m.slots[2].tokens, m.slots[2].path, m.slots[2].used = np.arange(1, 40, dtype=np.int32), "/w/b.py", 3.0
-    assert m.spare(exclude=0, path="/w/big.py", used=1.0) is None  # a.py and b.py were used since
-    assert m.spare(exclude=0, path="/w/big.py", used=2.5) is m.slots[1]  # a.py was used before it
-    assert m.spare(exclude=0) is m.slots[1]  # (no file: the least recently used, as before)
-    assert m.spare(exclude=1, path="/w/big.py", used=0.5) is m.slots[0]  # its own copy
+    assert m.spare(exclude={0}, path="/w/big.py", used=1.0) is None  # a.py and b.py were used since
+    assert m.spare(exclude={0}, path="/w/big.py", used=2.5) is m.slots[1]  # a.py was used before it
+    assert m.spare(exclude={0}) is m.slots[1]  # (no file: the least recently used, as before)
+    assert m.spare(exclude={1}, path="/w/big.py", used=0.5) is m.slots[0]  # its own copy
     m.slots[2].tokens = np.array([1], dtype=np.int32)  # cut to a marker: nothing lost
-    assert m.spare(exclude=0, path="/w/big.py", used=1.0) is m.slots[2]
+    assert m.spare(exclude={0}, path="/w/big.py", used=1.0) is m.slots[2]
