@@ -245,11 +245,11 @@ class Growth:
         if engine.speed.known or slot is None:
             return
         tokens = np.resize(np.asarray(engine.model.tokenize(PROBE), dtype=np.int32), 4 * n)
-        slot.start("calibrate", "prefill")
+        owner = slot.start("calibrate", "prefill")
         try:  # chunks of a growing context: the decoder observes each (a per-token and a context cost)
             yield from engine.decoder.prefill_steps(slot, tokens, 0, should_stop, n)
         finally:
-            slot.end()
+            slot.end(owner)
             engine.reuse.clear(slot)
 
     def idle_chunk(self, n_ctx: int) -> int:

@@ -224,7 +224,7 @@ class Trail:
             return
         slot.touch(path, engine.reuse.used(path))  # (dated by the file's last use: SlotManager._loss)
         heal = heal_left(engine.model, s)  # an answer cancelled before it spelled out the text healed
-        slot.start("ahead", "generate")
+        owner = slot.start("ahead", "generate")
         with Sampler(SamplerParams()) as greedy:
             try:
                 while len(s.ids) < target:
@@ -241,7 +241,7 @@ class Trail:
                         return
                     yield "ahead"
             finally:
-                slot.end()
+                slot.end(owner)
 
 
 def keep_known(ctx, slot, prompt: np.ndarray, known) -> bool:

@@ -86,7 +86,7 @@ class Runner:
         start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light, keep)
         slot = start.slot
         # (a request's, a keystroke's: other work between its steps never picks, evicts or empties the slot)
-        slot.start(ro.job or ("keystroke" if ro.keystroke else "idle" if ro.idle else "request"), "prefill")
+        owner = slot.start(ro.job or ("keystroke" if ro.keystroke else "idle" if ro.idle else "request"), "prefill")
         counts = TokenCounts(prompt=len(prompt))
         known = ro.known or ()
         try:
@@ -113,7 +113,7 @@ class Runner:
         finally:
             log.debug("run %s%s: slot %d from %d (%s) of %d, now %d", "idle " if ro.idle else "", ro.path, slot.seq,
                       start.n_common, start.tier, len(prompt), len(slot.tokens))
-            slot.end()
+            slot.end(owner)
             engine.reuse.finish(start, ro.path, len(prompt), ro.checkpoint, ro.cold, ro.idle)
         t2 = time.perf_counter()
         reason = gen.reason

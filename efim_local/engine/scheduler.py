@@ -178,7 +178,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - the thread that ran it died: best effort
                 pass
         for slot in self.engine.slots.slots:
-            slot.end()
+            slot.end(slot.owner)
         for t in tasks:
             t.resolve(None, err)
         return tasks

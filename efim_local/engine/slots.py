@@ -32,13 +32,18 @@ class Slot:
     # "prefill" (prompt batches) or "generate" (a token at a time)
     job: str | None = None
     phase: str = "idle"
+    owner: object = None  # the work's own mark (``start``)
 
-    def start(self, job: str, phase: str) -> None:
-        """Work ``job`` runs in the slot from now, in ``phase`` (``end`` when it ends, however it ends)."""
-        self.job, self.phase = job, phase
+    def start(self, job: str, phase: str) -> object:
+        """Work ``job`` runs in the slot from now, in ``phase``; its mark, for ``end``."""
+        self.job, self.phase, self.owner = job, phase, object()
+        return self.owner
 
-    def end(self) -> None:
-        self.job, self.phase = None, "idle"
+    def end(self, owner: object) -> None:
+        """The work that ``start`` gave ``owner`` ended, however it ended (a work closed late, after
+        another took the slot, leaves that one's state alone)."""
+        if owner is self.owner:
+            self.job, self.phase, self.owner = None, "idle", None
 
     def touch(self, path: str | None, used: float | None = None) -> None:
         """Work ran in the slot for ``path`` now, whose user last used it at ``used`` (None: now)."""

@@ -46,3 +46,18 @@ def test_a_copy_for_idle_work_never_evicts_a_file_used_since():
     assert m.spare(exclude={1}, path="/w/big.py", used=0.5) is m.slots[0]  # its own copy
     m.slots[2].tokens = np.array([1], dtype=np.int32)  # cut to a marker: nothing lost
     assert m.spare(exclude={0}, path="/w/big.py", used=1.0) is m.slots[2]
+
+
+def test_a_slot_says_what_runs_in_it_and_a_late_end_leaves_the_next_work_alone():
+    """``start`` marks the work running in a slot (a request's makes it busy); ``end`` with that
+    work's mark clears it, and a work closed late, after another took the slot, clears nothing."""
+    m = SlotManager(2)
+    s = m.slots[0]
+    grow = s.start("grow", "prefill")
+    assert (s.job, s.phase) == ("grow", "prefill") and m.busy == set() and s in m.free()
+    request = s.start("request", "prefill")  # (the grow work was not closed yet)
+    assert m.busy == {0} and m.free() == [m.slots[1]]
+    s.end(grow)  # its late end
+    assert (s.job, m.busy) == ("request", {0})
+    s.end(request)
+    assert (s.job, s.phase, m.busy) == (None, "idle", set())
