@@ -6,26 +6,22 @@ thread ticks (``tick``): each tick takes one step, picked by priority (``_pick``
 what runs in it (``slots.Slot.job``, ``phase``):
 
 1. calls (status, test hooks: short, synchronous);
-2. a waiting request: it starts between two steps of any other when a slot has no request running
-   in it (else it waits for one, "busy" after its ``max_wait``); a request it superseded ends first:
-   it frees its slot, the new one takes it before other files' requests, and its trail is the new
-   one's (``instant.py``);
+2. a waiting request: it starts between two steps of any other when a slot has no request running in
+   it (else it waits, "busy" after ``max_wait``); one it superseded ends first (its slot and trail are the new one's);
 3. requests already running: prefill before generation, generation in turns, one token each; growth
    rides along a reduced request's generation (``background.Alongside``) when no request waits;
 4. after a short grace, background work: an answer begun at a keystroke first, then the file of the
    latest request (nearest the cursor); a task is closed when a request or a call comes, and queued again;
 5. after a quiet spell, saving dirty slots.
 
-A request's future (``submit``) resolves when it ends, its callbacks (the daemon's reply) run on the
-engine thread; then it queues its file's follow-up work (``followup.py``) if the scheduler is built
-with ``follow_up`` (the daemon's is): the engine decides what runs after a request, not its caller.
+A request's future (``submit``) resolves when it ends (its callbacks, the daemon's reply, on the
+engine thread); then, with ``follow_up``, the engine queues its follow-up work (``followup.py``).
 
 The waits (the grace before idle work, the quiet before a save, holding idle work for a due request)
 are the engine's policy (``policy.py``), on its clock (tests/unit/test_policy.py: a fake one, ticks).
 
-Requests never wait for background work beyond one step (or one tokenizer poll): a background
-prompt batch stops between two graph nodes when a request or a call comes (``Engine.interrupt``; its
-KV is dropped, the task goes on later from the batches before it). Connection threads submit.
+Requests never wait for background work beyond one step (or one tokenizer poll): its prompt batch
+stops between two graph nodes when a request or a call comes (``Engine.interrupt``; the task goes on later).
 """
 
 from __future__ import annotations
@@ -171,10 +167,9 @@ class Scheduler:
             self.background.current = None
         for t in tasks:
             try:
-                if t.ride is not None:
-                    t.ride.close()
-                if t.steps is not None:
-                    t.steps.close()  # its slot is no longer a request's
+                for job in (t.ride, t.steps):  # (its slot is no longer a request's)
+                    if job is not None:
+                        job.close()
             except Exception:  # noqa: BLE001 - the thread that ran it died: best effort
                 pass
         for slot in self.engine.slots.slots:

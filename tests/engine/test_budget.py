@@ -270,15 +270,31 @@ def test_keystrokes_take_the_growth_as_it_goes_exactly(engine, reference, doc, a
     assert contexts == sorted(contexts)  # the context only grows
 
 
+def reduced_once(engine, doc: int, path: str) -> tuple[str, int]:
+    """``DOCS[doc]`` as ``path``, forgotten, then answered once on a plan the latency budget reduced
+    (growth has work); the text and the cursor."""
+    text = DOCS[doc]
+    engine.forget(path)
+    cur = text.index("\n", 3000) + 1
+    engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
+    return text, cur
+
+
+@pytest.fixture
+def riding(engine):
+    """Growth rides along requests, a chunk after each token."""
+    engine.config = replace(engine.config, grow_share=0.9, idle_chunk_ms=1.0)
+    yield
+    engine.config = replace(engine.config, grow_share=0.0, idle_chunk_ms=50.0)
+
+
 def test_growth_during_generation_yields_to_a_request(engine):
     """A newer keystroke stops both the completion and the growth riding along with it: growth
     stops within one chunk, and its progress stays in its slot."""
     engine.config = replace(engine.config, grow_share=0.9)
     try:
-        text, path = DOCS[1], "ride-cancel.py"
-        engine.forget(path)
-        cur = text.index("\n", 3000) + 1
-        engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
+        path = "ride-cancel.py"
+        text, cur = reduced_once(engine, 1, path)
         assert engine.reduced(path)
         before = {s.seq: len(s.tokens) for s in engine.slots.slots}
         grown = lambda: [len(s.tokens) - before[s.seq] for s in engine.slots.slots if len(s.tokens) > before[s.seq]]
@@ -293,69 +309,57 @@ def test_growth_during_generation_yields_to_a_request(engine):
         engine.config = replace(engine.config, grow_share=0.0)
 
 
-def test_growth_riding_along_a_request_never_cuts_the_stage_ahead(engine):
+def test_growth_riding_along_a_request_never_cuts_the_stage_ahead(engine, riding):
     """Growth riding along a request counts the request's own (busy) slot as holding its plan: it
     never computes that plan again in the slot where the next stage grows, so what growth holds of
     the full plan never shrinks while the user types. (It did: the paced replay's context stuck at
     the first stage, 53% of the full plan, for 40 s of typing.)"""
     import numpy as np
 
-    engine.config = replace(engine.config, grow_share=0.9, idle_chunk_ms=1.0)  # a chunk after each token
-    try:
-        text, path = DOCS[1], "ride-stages.py"
-        engine.forget(path)
-        cur = text.index("\n", 3000) + 1
-        engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
-        anchor = engine.session(path).anchor
-        full = np.asarray(engine.planner.stable_tokens("efim", engine.planner.full_anchor(anchor)), np.int32)
-        held = lambda: engine.reuse.peek(full, busy_ok=True)
-        history, reasons = [held()], []
-        for ch in "value_x = (y" * 30:
-            text, cur = text[:cur] + ch + text[cur:], cur + 1
-            out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100,
-                                                    max_tokens=3, ignore_eog=True, heal=False))
-            history.append(held())
-            reasons.append(out.reanchor)
-            if not out.context["reduced"]:
-                break
-        assert not engine.session(path).anchor.reduced, "growth never finished"
-        assert reasons.count("grown") >= 2  # stages were taken on the way
-        # Never cut back. (A slot's next token may match the full plan's by chance, a keystroke then
-        # replaces it: the count dips by that one token, which is no growth lost; the bug cut stages.)
-        dips = [(a, b) for a, b in zip(history, history[1:]) if b < a]
-        assert all(a - b == 1 and a - 1 in history for a, b in dips), (dips, history)
-    finally:
-        engine.config = replace(engine.config, grow_share=0.0, idle_chunk_ms=50.0)
+    path = "ride-stages.py"
+    text, cur = reduced_once(engine, 1, path)
+    anchor = engine.session(path).anchor
+    full = np.asarray(engine.planner.stable_tokens("efim", engine.planner.full_anchor(anchor)), np.int32)
+    held = lambda: engine.reuse.peek(full, busy_ok=True)
+    history, reasons = [held()], []
+    for ch in "value_x = (y" * 30:
+        text, cur = text[:cur] + ch + text[cur:], cur + 1
+        out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100,
+                                                max_tokens=3, ignore_eog=True, heal=False))
+        history.append(held())
+        reasons.append(out.reanchor)
+        if not out.context["reduced"]:
+            break
+    assert not engine.session(path).anchor.reduced, "growth never finished"
+    assert reasons.count("grown") >= 2  # stages were taken on the way
+    # Never cut back. (A slot's next token may match the full plan's by chance, a keystroke then
+    # replaces it: the count dips by that one token, which is no growth lost; the bug cut stages.)
+    dips = [(a, b) for a, b in zip(history, history[1:]) if b < a]
+    assert all(a - b == 1 and a - 1 in history for a, b in dips), (dips, history)
 
 
-def test_growth_riding_along_a_request_is_one_job_beside_it(engine, monkeypatch):
+def test_growth_riding_along_a_request_is_one_job_beside_it(engine, riding, monkeypatch):
     """Growth riding along a request is planned once for it and goes on chunk by chunk between its
     tokens, in a slot of its own: while the request's slot generates, growth's prefills (each slot
     says so), and its progress stays when the request ends."""
-    engine.config = replace(engine.config, grow_share=0.9, idle_chunk_ms=1.0)  # a chunk after each token
-    try:
-        text, path = DOCS[2], "ride-job.py"
-        engine.forget(path)
-        cur = text.index("\n", 3000) + 1
-        engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100, max_tokens=1))
-        assert engine.reduced(path)
-        planned, seen = [], []
-        grow = engine.growth.grow_steps
-        monkeypatch.setattr(engine.growth, "grow_steps", lambda *a, **k: planned.append(1) or grow(*a, **k))
-        held = lambda: {s.seq: len(s.tokens) for s in engine.slots.slots}
-        on_text = lambda _: seen.append((sorted((s.job, s.phase) for s in engine.slots.slots if s.job), held()))
-        out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100,
-                                                max_tokens=16, ignore_eog=True), on_text=on_text)
-        assert out.context["reduced"] and len(seen) >= 8
-        beside = [h for states, h in seen if states == [("grow", "prefill"), ("request", "generate")]]
-        assert len(beside) >= 3, seen  # one job, many chunks between the request's tokens
-        assert planned == [1]  # planned once (it was planned again at each token)
-        grown = [seq for seq in beside[0] if beside[-1][seq] > beside[0][seq] and seq != out.slot]
-        assert grown  # its slot grew from token to token
-        assert all(s.job is None for s in engine.slots.slots)
-        assert len(engine.slots.slots[grown[0]].tokens) >= beside[-1][grown[0]]  # what it computed stays
-    finally:
-        engine.config = replace(engine.config, grow_share=0.0, idle_chunk_ms=50.0)
+    path = "ride-job.py"
+    text, cur = reduced_once(engine, 2, path)
+    assert engine.reduced(path)
+    planned, seen = [], []
+    grow = engine.growth.grow_steps
+    monkeypatch.setattr(engine.growth, "grow_steps", lambda *a, **k: planned.append(1) or grow(*a, **k))
+    held = lambda: {s.seq: len(s.tokens) for s in engine.slots.slots}
+    on_text = lambda _: seen.append((sorted((s.job, s.phase) for s in engine.slots.slots if s.job), held()))
+    out = engine.complete(CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=100,
+                                            max_tokens=16, ignore_eog=True), on_text=on_text)
+    assert out.context["reduced"] and len(seen) >= 8
+    beside = [h for states, h in seen if states == [("grow", "prefill"), ("request", "generate")]]
+    assert len(beside) >= 3, seen  # one job, many chunks between the request's tokens
+    assert planned == [1]  # planned once (it was planned again at each token)
+    grown = [seq for seq in beside[0] if beside[-1][seq] > beside[0][seq] and seq != out.slot]
+    assert grown  # its slot grew from token to token
+    assert all(s.job is None for s in engine.slots.slots)
+    assert len(engine.slots.slots[grown[0]].tokens) >= beside[-1][grown[0]]  # what it computed stays
 
 
 def test_a_budgeted_reanchor_tokenizes_the_file_once(engine, monkeypatch):
