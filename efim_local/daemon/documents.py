@@ -79,10 +79,22 @@ def check_size(text: str) -> None:
 AUTO_PAIRS = frozenset({"()", "[]", "{}", '""', "''", "``"})
 
 
+def kept_lines(old: str, new: str) -> int:
+    """How many characters of whole lines (from a line break on) ``new`` kept at its end of ``old``:
+    the lines after the caret that an editor sending whole lines sent again."""
+    n = min(len(old), len(new))
+    i = 0
+    while i < n and old[-1 - i] == new[-1 - i]:
+        i += 1
+    cut = new.find("\n", len(new) - i)  # (a kept closer, as an accept that typed over it, is no line)
+    return len(new) - cut if cut >= 0 else 0
+
+
 def apply_changes(text: str, changes: list) -> tuple[str, int | None]:
     """LSP content changes applied in order (ranges in the text as it is after the earlier ones), and
     where the last one left the caret as typing leaves it (after what it inserted, or between an
-    auto-paired opener and its closer; None after a whole-text change)."""
+    auto-paired opener and its closer; None after a whole-text change). A change that rewrites whole
+    lines (Neovim's: "ret\n" becomes "retv\n") leaves it before the line break it kept at its end."""
     index, work, caret = None, 0, None
     for ch in changes:
         if not isinstance(ch, dict):
@@ -98,9 +110,10 @@ def apply_changes(text: str, changes: list) -> tuple[str, int | None]:
             start, end = position(rng, "start", index), position(rng, "end", index)
             if end < start:
                 raise InvalidParams("invalid params: range end before start")
+            kept = 0 if new in AUTO_PAIRS else kept_lines(text[start:end], new)
             index.replace(start, end, new)
             text = index.text
-            caret = start + (1 if new in AUTO_PAIRS else len(new))
+            caret = start + (1 if new in AUTO_PAIRS else len(new) - kept)
         else:
             text, index, caret = new, None, None
         if len(text) > MAX_DOCUMENT_BYTES:  # cheap, every change; the exact test once, at the end

@@ -366,3 +366,24 @@ def test_read_source_reads_only_bounded_regular_files(tmp_path, kind, monkeypatc
                "dir": "is a directory", "big": "larger than"}[kind]
     with pytest.raises(DocumentError, match=message):
         document.read_source(path, follow=False)
+
+
+@pytest.mark.parametrize("old, new, caret", [
+    ("", "v", 1),  # typed: after it
+    ("ret\n", "retv\n", 4),  # Neovim sends the whole line: after the v, not on the next line
+    ("a\nb\nc\n", "a\nbx\nc\n", 4),  # whole lines around the edited one
+    ("retv\n", "ret\n", 3),  # a deletion
+    ("ret\n", "ret\n\n", 4),  # Enter at the line's end: the new line's start
+    (")", "foo)", 4),  # an accept that typed over the closer: after it (no line kept)
+    ("", "()", 1),  # an auto-paired opener: between the two
+])
+def test_the_caret_an_edit_leaves_is_where_typing_left_it(old, new, caret):
+    """Where the answer begun at a keystroke is planned (FollowUp.typed): a caret past the typed text
+    anchored that plan after the cursor, and the request after it re-anchored (cursor_before_anchor)
+    and computed again, where it would have typed through the answer (test_nvim, now and then)."""
+    text = "x = 1\n" + old + "end\n"
+    start = {"line": 1, "character": 0}
+    lines = old.split("\n")
+    end = {"line": 1 + len(lines) - 1, "character": len(lines[-1])}
+    out, got = D.apply_changes(text, [{"range": {"start": start, "end": end}, "text": new}])
+    assert out == "x = 1\n" + new + "end\n" and got == 6 + caret
