@@ -342,6 +342,7 @@ class Alongside:
         self.next_at = done + (done - t) * (1 - self.share) / self.share
 
     def stop(self) -> bool:
+        """Whether the growth stops: the request ends, or other work waits."""
         return (self.should_stop is not None and self.should_stop()) or (self.yield_to is not None and self.yield_to())
 
     def close(self) -> None:

@@ -55,7 +55,7 @@ class RunOptions:
     trail: list[int] | None = None  # receives the greedy continuation (GenSpec.trail)
     keep: Sequence[int] | None = None  # idle work: KV of these tokens that it never cuts (Reuse.start)
     keystroke: bool = False  # a request begun at its keystroke, before the editor asks (Runner.keystroke_steps)
-    job: str | None = None  # idle work's kind, the slot's job while it runs (slots.Slot; None: from the above)
+    job: str | None = None  # the slot's job while it runs (slots.Slot; None: "idle" or "request", by ``idle``)
 
 
 class Runner:
@@ -86,7 +86,7 @@ class Runner:
         start = engine.reuse.start(prompt, ro.path, want_sparse, ro.cold, ro.idle, ro.light, keep)
         slot = start.slot
         # (a request's, a keystroke's: other work between its steps never picks, evicts or empties the slot)
-        owner = slot.start(ro.job or ("keystroke" if ro.keystroke else "idle" if ro.idle else "request"), "prefill")
+        owner = slot.start(ro.job or ("idle" if ro.idle else "request"), "prefill")
         counts = TokenCounts(prompt=len(prompt))
         known = ro.known or ()
         try:
@@ -249,7 +249,8 @@ class Runner:
             s = engine.instant.shown.get(path)
             return should_stop() or f.version != version or (s is not None and s.keystroke and len(s.ids) >= limit)
 
-        return self.planned_steps(req, RunOptions(should_stop=stop, keystroke=True), time.perf_counter())
+        return self.planned_steps(req, RunOptions(should_stop=stop, keystroke=True, job="keystroke"),
+                                  time.perf_counter())
 
     def probe_speed(self, n: int = 16, warm: int = 4) -> None:
         """A first guess of the prefill speed, for a budget asked before anything was learned (a fresh
