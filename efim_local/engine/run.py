@@ -127,7 +127,7 @@ class Runner:
             text=gen.stream.text, stop_reason=reason, layout="tokens", tokens=counts,
             timings=Timings(prompt_ms=(first - t0) * 1e3, predict_ms=(t2 - first) * 1e3, total_ms=(t2 - t0) * 1e3),
             slot=slot.seq, cache_tier=tier, sparse=start.sparse, token_ids=gen.ids,
-            replaces=rules.replaced(gen.stream.text), prompt=Prompt(tuple(int(t) for t in prompt), ro.heal, ro.closers))
+            replaces=rules.replaced(gen.stream.text), prompt=Prompt(tuple(prompt.tolist()), ro.heal, ro.closers))
 
     def complete_steps(self, req: CompletionRequest, ro: RunOptions = RunOptions()):
         """A request's steps (a generator; returns a Completion that reports the context it used): a

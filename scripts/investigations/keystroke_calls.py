@@ -7,7 +7,9 @@ character the last answer did not start with (so the answer is computed, not typ
 asks again. Only that last edit and request are traced: every Python call into efim_local on every
 thread (``threading.setprofile``, set before the daemon's threads start), the functions before the
 first ``llama_decode`` (``Context.decode``), and at each decode the number of generator frames
-on the engine thread's stack; then, for 5 s of the idle work that follows, that nesting only.
+on the engine thread's stack; then, for 5 s of the idle work that follows, that nesting only. Last,
+unprofiled, 30 such keystrokes: the milliseconds each costs outside ``llama_decode`` (Python: the
+client's round trips for the edit and the request, less the decodes' time).
 
     PYTHONPATH=. .venv/bin/python scripts/investigations/keystroke_calls.py
 """
@@ -37,10 +39,12 @@ ROOT = str(Path(efim_local.__file__).parent)
 recording = False
 idle = False  # after the answer: only the nesting at each decode of the idle work that follows
 idle_nesting: list[int] = []
+REPEAT = 30
 calls: dict[str, set] = defaultdict(set)  # thread name -> {(file, function)}
 before_decode: set = set()
 decoded = False
 nesting: list[int] = []
+REPEAT = 30
 
 
 def generators(frame) -> int:
@@ -100,6 +104,43 @@ with Client(tmp / "efim.sock", timeout=120) as c:
     time.sleep(5.0)  # the idle work after the answer (its continuation, growth)
     idle = False
 
+    # Unprofiled: what the same keystroke costs outside llama_decode (wall time of the edit and the
+    # request as the client sees them, less the decodes run meanwhile), over REPEAT keystrokes.
+    threading.setprofile(None)
+    sys.setprofile(None)
+    from efim_local.llama.context import Context
+    plain_decode, in_decode = Context.decode, [0.0]
+
+    def timed_decode(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return plain_decode(self, *a, **k)
+        finally:
+            in_decode[0] += time.perf_counter() - t
+
+    Context.decode = timed_decode
+    overhead, line, col = [], end["line"], 1
+    for i in range(REPEAT):
+        while True:
+            st = c.call("status")
+            if not st.get("idle_tasks") and not st.get("queued"):
+                break
+            time.sleep(0.2)
+        ch = "qz"[i % 2]
+        in_decode[0], t = 0.0, time.perf_counter()
+        edit = {"range": {"start": {"line": line, "character": col}, "end": {"line": line, "character": col}},
+                "text": ch}
+        c.call("didChange", {"path": path, "version": 3 + i, "contentChanges": [edit]})
+        col += 1
+        t1 = time.perf_counter()
+        r = c.call("complete", {"path": path, "position": {"line": line, "character": col}, "max_tokens": 16})
+        t2 = time.perf_counter()
+        overhead.append((t2 - t - in_decode[0]) * 1e3)
+        if "-t" in sys.argv:
+            print(f"edit {1e3*(t1-t):.2f} complete {1e3*(t2-t1):.2f} decode {1e3*in_decode[0]:.2f} "
+                  f"{r.get('source')} {r.get('timings')} {r.get('tokens')}")
+        time.sleep(0.05)
+
 server.stop()
 engine_thread = next((n for n in calls if "engine" in n.lower()), None)
 everything = set().union(*calls.values())
@@ -111,6 +152,8 @@ report = {
     "before_first_decode": len(before_decode), "files_before_first_decode": len({f for f, _ in before_decode}),
     "decodes": len(nesting), "max_generator_nesting": max(nesting, default=0),
     "idle_decodes_5s": len(idle_nesting), "max_generator_nesting_idle": max(idle_nesting, default=0),
+    "python_ms_per_keystroke_median": round(sorted(overhead)[len(overhead) // 2], 2),
+    "python_ms_per_keystroke_min": round(min(overhead), 2),
 }
 print(json.dumps(report, indent=1))
 if "-v" in sys.argv:
