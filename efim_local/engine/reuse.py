@@ -76,6 +76,7 @@ class Reuse:
             # file's older states, but not the one this prompt restores below (the budget counted it).
             restores = None if cold or light or self.store is None else self.store.lookup(prompt, path).match
             self._save_unless(light, slot, keep=restores.id if restores is not None else None)
+        slot.touch(path, self.used(path))  # it serves this file from now (status; finish touches it again)
         if cold:
             return Start(slot, 0, "none", same=same)
         tier = "slot" if n_common >= self.slots.min_reuse else "none"

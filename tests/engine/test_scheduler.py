@@ -102,13 +102,15 @@ def test_a_waiting_request_starts_between_the_tokens_of_another(scheduler, engin
 
 def test_each_slot_says_what_runs_in_it(scheduler, engine):
     """A slot's job and phase, as the engine thread sees them between two steps: a request's while it
-    generates (no other work picks its slot), idle work's while it prefills, none after either ends."""
+    generates (no other work picks its slot), idle work's while it prefills, none after either ends;
+    and whose file it is, from the work's first step (status shows it)."""
     seen = []
-    states = lambda: sorted((s.job, s.phase) for s in engine.slots.slots if s.job is not None)
+    states = lambda: sorted((s.job, s.phase, s.path) for s in engine.slots.slots if s.job is not None)
+    engine.clear_slots()  # (empty slots: a run in one showed no file until it ended)
     rec = Recorder()
     scheduler.submit(rec.task("A", request(0, 1500, 4), on_first_text=lambda: seen.append(states())))
     rec.wait("A")
-    assert seen == [[("request", "generate")]] and rec.results["A"][1] is None
+    assert seen == [[("request", "generate", "sched-0.py")]] and rec.results["A"][1] is None
     assert not engine.slots.busy and states() == []
     text = sources()[2][:2000]
 
@@ -117,7 +119,7 @@ def test_each_slot_says_what_runs_in_it(scheduler, engine):
         return False
 
     drive(engine.growth.top_steps("sched-top.py", text, stop))
-    assert seen[1:] and all(s == [("warm", "prefill")] for s in seen[1:]), seen
+    assert seen[1:] and all(s == [("warm", "prefill", "sched-top.py")] for s in seen[1:]), seen
     assert states() == []
 
 
