@@ -11,7 +11,9 @@
   From the client: ``efim/didPartiallyAcceptCompletion`` (and the ``efim.accepted`` command that the
   item carries, run on a full accept) tell the daemon what was taken (its ``accepted`` method);
   ``efim/definitions`` (``{uri, definitions: [{uri, line}]}``: where the editor's language servers
-  define the names a document imports) goes to the daemon's ``definitions`` (repository context).
+  define the names a document imports) goes to the daemon's ``definitions`` (repository context);
+  ``efim/cursor`` (``{uri, position}``: the cursor settled there) to its ``cursor``, so that the plan
+  anchored there is prefilled before the first keystroke (LSP has no notification of its own for it).
 - Settings (``initializationOptions``, ``workspace/didChangeConfiguration``; a top-level ``efim``
   object is read too): ``maxTokens``, ``maxLines``, ``enabledLanguages`` (``["*"]``: all),
   ``socket``; ``debounceMs`` and ``efimPath`` belong to the client.
@@ -45,6 +47,7 @@ log = logging.getLogger("efim.lsp")
 STATUS = "efim/status"
 PARTIAL_ACCEPT = "efim/didPartiallyAcceptCompletion"
 DEFINITIONS = "efim/definitions"
+CURSOR = "efim/cursor"
 ACCEPTED_COMMAND = "efim.accepted"
 
 
@@ -251,6 +254,26 @@ class EfimServer(LanguageServer):
         except EfimError as e:
             raise lsp_error(e) from None
 
+    # -- where the cursor settled ----------------------------------------------------------------
+    def cursor(self, args: Any) -> None:
+        """The cursor settled at ``position`` (the client's units) of document ``uri``: the daemon
+        prefills the plan anchored there while idle. Nothing for a document out of step or not enabled."""
+        pos = args.get("position") if isinstance(args, dict) else None
+        if not isinstance(args.get("uri") if isinstance(args, dict) else None, str) or not isinstance(pos, dict) \
+                or not all(type(pos.get(k)) is int for k in ("line", "character")):
+            raise JsonRpcInvalidParams("invalid params: expected {uri, position: {line, character}}")
+        doc = self.docs.get(args["uri"])
+        if doc is None:
+            raise JsonRpcInvalidParams(f"invalid params: document not open: {args['uri']}")
+        if self.relay is None or not self.settings.enabled(doc.language) or doc.editor_error or doc.daemon_error:
+            return
+        try:
+            line, col = doc.point(pos["line"], pos["character"], self.conv)
+        except EfimError as e:
+            raise lsp_error(e) from None
+        self.relay.notify("cursor", {"path": fs_path(args["uri"]), "position": {"line": line, "character": col}},
+                          sync=True)
+
     # -- accepted completions -------------------------------------------------------------------
     async def accepted(self, args: Any, full: bool) -> None:
         """Tell the daemon what the user took of a completion (all of it, or ``acceptedLength``)."""
@@ -318,6 +341,13 @@ def build() -> EfimServer:
     async def definitions(ls: EfimServer, params: Any):
         try:
             await ls.definitions(plain(params))
+        except JsonRpcException as e:  # a notification: nobody to answer
+            log.warning("efim: %s", e)
+
+    @ls.feature(CURSOR)
+    def cursor(ls: EfimServer, params: Any):
+        try:
+            ls.cursor(plain(params))
         except JsonRpcException as e:  # a notification: nobody to answer
             log.warning("efim: %s", e)
 

@@ -416,3 +416,34 @@ def test_exit_code_and_the_documents_it_leaves_open(daemon, shutdown, code):
     while n_open() != before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert n_open() == before
+
+
+@pytest.mark.asyncio
+async def test_where_the_cursor_settles_is_prefilled_before_the_first_keystroke(client, daemon):
+    """``efim/cursor``: the cursor settled on a line of a file bigger than a slot (the VS Code
+    extension sends it); the daemon prefills the plan anchored there (opening the file prefilled its
+    top), so that the first request there finds it cached. A malformed one is dropped, the server
+    serves on."""
+    from efim_local.daemon.client import Client
+
+    uri, path = "file:///work/proj/big.py", "/work/proj/big.py"
+    text = "".join(f"def f{i}(x):\n    return x * {i}\n\n\n" for i in range(400))  # ~8,000 tokens
+    open_doc(client, text=text, uri=uri)
+    client.protocol.notify("efim/cursor", {"uri": uri, "position": "nope"})
+    client.protocol.notify("efim/cursor", {"uri": uri, "position": {"line": 1201, "character": 4}})
+
+    def slots():
+        with Client(daemon.sock, timeout=30) as c:
+            st = c.call("status")
+        return st["idle_tasks"], [s["tokens"] for s in st["slots"] if s["path"] == path]
+
+    # Opening it prefilled 1,294 tokens of its top; the plan at the cursor is 1,800 (a window of the file).
+    deadline, seen = time.monotonic() + 120, None
+    while time.monotonic() < deadline:
+        seen = slots()
+        if seen[0] == 0 and any(n > 1500 for n in seen[1]):
+            break
+        await asyncio.sleep(0.2)
+    got = await inline(client, 1201, 4, uri=uri)
+    st = client.efim_status[-1]
+    assert st["tokens"]["evaluated"] <= 2 and st["cache_tier"] == "slot" and got.items is not None, (st, seen)
