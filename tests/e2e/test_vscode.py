@@ -275,6 +275,40 @@ def test_definitions_of_imported_names_reach_the_daemon(vscode, page, tmp_path):
     assert seen["locations"] >= 1, seen
 
 
+def test_where_the_cursor_settles_is_prefilled_before_the_first_keystroke(vscode, page, tmp_path):
+    """In a file bigger than a slot, the cursor goes to line 1202 (Ctrl+G) and stays: the extension
+    tells efim (``efim/cursor``), which prefills the plan anchored there, so that the first request on
+    that line finds it cached. (Opening the file prefilled only its top.)"""
+    from efim_local.daemon.client import Client
+
+    url, ws, sock = vscode
+    big = ws / "big.py"
+    big.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n\n" for i in range(400)))  # ~8,000 tokens
+    open_app_at_its_end(page, "big.py")
+
+    def slots(after=None, timeout=120.0):  # the file's slots once idle (and not ``after``)
+        deadline, got = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            with Client(sock, timeout=10) as c:
+                st = c.call("status")
+            got = sorted(s["tokens"] for s in st["slots"] if s["path"] == str(big))
+            if st["idle_tasks"] == 0 and got and got != after:
+                return got
+            time.sleep(0.3)
+        return got
+
+    top = slots()  # opening it prefilled its top
+    page.keyboard.press("Control+G")
+    page.wait_for_selector(".quick-input-widget input", timeout=20_000)
+    page.keyboard.type("1202")
+    page.keyboard.press("Enter")
+    there = slots(after=top)
+    with Client(sock, timeout=30) as c:
+        out = c.call("complete", {"path": str(big), "position": {"line": 1201, "character": 0}, "max_tokens": 2})
+    assert out["reanchor"] is None and out["cache_tier"] == "slot" and out["tokens"]["evaluated"] <= 2, (out, top,
+                                                                                                          there)
+
+
 @pytest.mark.parametrize("vscode", [{"efim.path": "/nonexistent/bin/efim"}], indirect=True)
 def test_missing_efim_gets_a_clear_message(vscode, page):
     toast = page.wait_for_selector(".notifications-toasts :text('was not found')", timeout=60_000)

@@ -1,8 +1,9 @@
 // efim for VS Code: a thin client of `efim lsp` (LSP 3.18 inline completion) through
 // vscode-languageclient. VS Code draws the ghost text and accepts it with Tab; this file adds the
 // debounce, the accept-next-word/line commands that report partial accepts, a status-bar item
-// (last latency and cache tier, opens the log), a clear message when `efim` is missing, and where
-// VS Code's language features define the names a file imports (efim's repository context).
+// (last latency and cache tier, opens the log), a clear message when `efim` is missing, where
+// VS Code's language features define the names a file imports (efim's repository context), and
+// where the cursor settles (efim prefills the plan there before the first keystroke).
 import * as fs from "fs";
 import * as path from "path";
 import * as vscode from "vscode";
@@ -71,6 +72,29 @@ export function findEfim(cmd: string): string | undefined {
 function enabled(languageId: string): boolean {
   const langs = settings().get<string[]>("enabledLanguages", ["*"]);
   return langs.includes("*") || langs.includes(languageId);
+}
+
+// The cursor settled on another line (cursorDebounceMs after it moved): efim prefills the plan
+// anchored there while idle, so that the first keystroke there finds it cached (`efim/cursor`).
+let cursorTimer: ReturnType<typeof setTimeout> | undefined;
+const cursorLine = new Map<string, number>(); // uri -> the line last sent
+
+function cursorMoved(e: vscode.TextEditorSelectionChangeEvent): void {
+  const ms = settings().get<number>("cursorDebounceMs", 300);
+  const doc = e.textEditor.document;
+  if (ms <= 0 || !client || !["file", "untitled"].includes(doc.uri.scheme) || !enabled(doc.languageId)) {
+    return;
+  }
+  clearTimeout(cursorTimer);
+  cursorTimer = setTimeout(() => {
+    const pos = e.textEditor.selection.active;
+    const uri = doc.uri.toString();
+    if (!client || doc.isClosed || cursorLine.get(uri) === pos.line) {
+      return;
+    }
+    cursorLine.set(uri, pos.line);
+    void client.sendNotification("efim/cursor", { uri, position: { line: pos.line, character: pos.character } });
+  }, ms);
 }
 
 function initializationOptions() {
@@ -153,6 +177,7 @@ async function start(): Promise<void> {
   client.registerProposedFeatures(); // inline completion (LSP 3.18) is still "proposed" in vscode-languageclient 10
   status.text = "$(sync~spin) efim: starting";
   sent.clear(); // a new server (and maybe daemon): send every file's definitions again
+  cursorLine.clear(); // and where the cursor is
   try {
     await client.start();
   } catch (e) {
@@ -257,6 +282,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       await start();
     }),
     vscode.window.onDidChangeActiveTextEditor((e) => void sendDefinitions(e?.document)),
+    vscode.window.onDidChangeTextEditorSelection(cursorMoved),
     vscode.workspace.onDidSaveTextDocument((doc) => void sendDefinitions(doc)),
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (e.affectsConfiguration("efim.path") || e.affectsConfiguration("efim.socket")) {
