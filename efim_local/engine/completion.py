@@ -71,4 +71,3 @@ class Completion:
         if not d["replaces"]:  # only an answer that typed over closers replaces text
             d.pop("replaces")
         return d
-

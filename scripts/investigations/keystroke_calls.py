@@ -44,7 +44,6 @@ calls: dict[str, set] = defaultdict(set)  # thread name -> {(file, function)}
 before_decode: set = set()
 decoded = False
 nesting: list[int] = []
-REPEAT = 30
 
 
 def generators(frame) -> int:

@@ -422,14 +422,17 @@ def test_exit_code_and_the_documents_it_leaves_open(daemon, shutdown, code):
 async def test_where_the_cursor_settles_is_prefilled_before_the_first_keystroke(client, daemon):
     """``efim/cursor``: the cursor settled on a line of a file bigger than a slot (the VS Code
     extension sends it); the daemon prefills the plan anchored there (opening the file prefilled its
-    top), so that the first request there finds it cached. A malformed one is dropped, the server
-    serves on."""
+    top), so that the first request there finds it cached. A malformed one (a bool, a line outside the
+    document, a document not open) is dropped, the server serves on."""
     from efim_local.daemon.client import Client
 
     uri, path = "file:///work/proj/big.py", "/work/proj/big.py"
     text = "".join(f"def f{i}(x):\n    return x * {i}\n\n\n" for i in range(400))  # ~8,000 tokens
     open_doc(client, text=text, uri=uri)
-    client.protocol.notify("efim/cursor", {"uri": uri, "position": "nope"})
+    positions = ("nope", {"line": True, "character": 0}, {"line": -1, "character": 0}, {"line": 9999, "character": 0})
+    for bad in [{"uri": uri, "position": p} for p in positions] + [
+            {"uri": "file:///nowhere.py", "position": {"line": 0, "character": 0}}, [1, 2]]:
+        client.protocol.notify("efim/cursor", bad)
     client.protocol.notify("efim/cursor", {"uri": uri, "position": {"line": 1201, "character": 4}})
 
     def slots():

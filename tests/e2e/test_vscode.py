@@ -278,7 +278,7 @@ def test_definitions_of_imported_names_reach_the_daemon(vscode, page, tmp_path):
 def test_where_the_cursor_settles_is_prefilled_before_the_first_keystroke(vscode, page, tmp_path):
     """In a file bigger than a slot, the cursor goes to line 1202 (Ctrl+G) and stays: the extension
     tells efim (``efim/cursor``), which prefills the plan anchored there, so that the first request on
-    that line finds it cached. (Opening the file prefilled only its top.)"""
+    that line finds it cached (what opening the file prefilled does not hold it)."""
     from efim_local.daemon.client import Client
 
     url, ws, sock = vscode
@@ -297,7 +297,10 @@ def test_where_the_cursor_settles_is_prefilled_before_the_first_keystroke(vscode
             time.sleep(0.3)
         return got
 
-    top = slots()  # opening it prefilled its top
+    # Opening it prefilled its top, and the cursor that came to rest at its end the plan there
+    # (after efim.cursorDebounceMs): both done before the cursor moves on.
+    page.wait_for_timeout(1500)
+    top = slots()
     page.keyboard.press("Control+G")
     page.wait_for_selector(".quick-input-widget input", timeout=20_000)
     page.keyboard.type("1202")

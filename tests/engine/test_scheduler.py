@@ -106,11 +106,10 @@ def test_each_slot_says_what_runs_in_it(scheduler, engine):
     and whose file it is, from the work's first step (status shows it)."""
     seen = []
     states = lambda: sorted((s.job, s.phase, s.path) for s in engine.slots.slots if s.job is not None)
-    engine.clear_slots()  # (empty slots: a run in one showed no file until it ended)
-    rec = Recorder()
-    scheduler.submit(rec.task("A", request(0, 1500, 4), on_first_text=lambda: seen.append(states())))
+    rec = Recorder()  # (a file no slot served yet: a slot that served it would name it anyway)
+    scheduler.submit(rec.task("A", request(0, 1500, 4, path="sched-states.py"), on_first_text=lambda: seen.append(states())))
     rec.wait("A")
-    assert seen == [[("request", "generate", "sched-0.py")]] and rec.results["A"][1] is None
+    assert seen == [[("request", "generate", "sched-states.py")]] and rec.results["A"][1] is None
     assert not engine.slots.busy and states() == []
     text = sources()[2][:2000]
 

@@ -86,14 +86,21 @@ function cursorMoved(e: vscode.TextEditorSelectionChangeEvent): void {
     return;
   }
   clearTimeout(cursorTimer);
+  if (e.kind === undefined) {
+    // An edit moved it (typing, Enter, an accept): the keystroke's own request anchors there.
+    cursorLine.set(doc.uri.toString(), e.textEditor.selection.active.line);
+    return;
+  }
   cursorTimer = setTimeout(() => {
     const pos = e.textEditor.selection.active;
     const uri = doc.uri.toString();
-    if (!client || doc.isClosed || cursorLine.get(uri) === pos.line) {
+    if (!client?.isRunning() || doc.isClosed || cursorLine.get(uri) === pos.line) {
       return;
     }
     cursorLine.set(uri, pos.line);
-    void client.sendNotification("efim/cursor", { uri, position: { line: pos.line, character: pos.character } });
+    client
+      .sendNotification("efim/cursor", { uri, position: { line: pos.line, character: pos.character } })
+      .catch((err) => log.appendLine(`efim/cursor: ${err}`));
   }, ms);
 }
 
@@ -283,6 +290,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     }),
     vscode.window.onDidChangeActiveTextEditor((e) => void sendDefinitions(e?.document)),
     vscode.window.onDidChangeTextEditorSelection(cursorMoved),
+    vscode.workspace.onDidCloseTextDocument((doc) => cursorLine.delete(doc.uri.toString())),
     vscode.workspace.onDidSaveTextDocument((doc) => void sendDefinitions(doc)),
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (e.affectsConfiguration("efim.path") || e.affectsConfiguration("efim.socket")) {
