@@ -37,6 +37,7 @@ from efim_local.daemon.server import Server  # noqa: E402
 
 ROOT = str(Path(efim_local.__file__).parent)
 recording = False
+unhook = False  # set before the timing: every thread then drops the profile hook at its next call
 idle = False  # after the answer: only the nesting at each decode of the idle work that follows
 idle_nesting: list[int] = []
 REPEAT = 30
@@ -56,6 +57,9 @@ def generators(frame) -> int:
 
 def profile(frame, event, arg):
     global decoded
+    if unhook:  # (each thread takes its own hook off: threading.setprofile(None) only reaches new ones)
+        sys.setprofile(None)
+        return
     if not (recording or idle) or event != "call" or not frame.f_code.co_filename.startswith(ROOT):
         return
     code = frame.f_code
@@ -105,6 +109,7 @@ with Client(tmp / "efim.sock", timeout=120) as c:
 
     # Unprofiled: what the same keystroke costs outside llama_decode (wall time of the edit and the
     # request as the client sees them, less the decodes run meanwhile), over REPEAT keystrokes.
+    unhook = True
     threading.setprofile(None)
     sys.setprofile(None)
     from efim_local.llama.context import Context
