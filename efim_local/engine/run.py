@@ -54,8 +54,9 @@ class RunOptions:
     known: Sequence[int] | None = None  # type-through: the greedy continuation known (engine/instant.py)
     trail: list[int] | None = None  # receives the greedy continuation (GenSpec.trail)
     keep: Sequence[int] | None = None  # idle work: KV of these tokens that it never cuts (Reuse.start)
-    keystroke: bool = False  # a request begun at its keystroke, before the editor asks (Runner.keystroke_steps)
-    job: str | None = None  # the slot's job while it runs (slots.Slot; None: "idle" or "request", by ``idle``)
+    # The slot's job while it runs (slots.Slot; None: "idle" or "request", by ``idle``); "keystroke": a
+    # request begun at its keystroke, before the editor asks (Runner.keystroke_steps)
+    job: str | None = None
 
 
 class Runner:
@@ -175,7 +176,7 @@ class Runner:
                     instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
                                                      plan.closers, list(hit[3]), out.text, len(out.token_ids),
                                                      engine.max_tokens(req.how), plan.middle_start, dict(context),
-                                                     keystroke=ro.keystroke))
+                                                     keystroke=ro.job == "keystroke"))
                 out.timings = Timings(plan_ms=plan_ms, total_ms=(time.perf_counter() - t0) * 1e3)
                 out.reanchor = plan.reanchor
                 if ro.on_text is not None and out.text:  # streamed like any answer, at once
@@ -185,7 +186,7 @@ class Runner:
                 shown = instant.remember(req.path, Shown(req.text, req.cursor, np.asarray(tokens, dtype=np.int32), heal,
                                                          plan.closers, max_tokens=engine.max_tokens(req.how),
                                                          checkpoint=plan.middle_start, context=dict(context),
-                                                         keystroke=ro.keystroke))
+                                                         keystroke=ro.job == "keystroke"))
         ro = RunOptions(path=req.path, t0=t0, checkpoint=plan.middle_start, heal=heal, closers=plan.closers,
                         idle=ro.idle, job=ro.job, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
                         trail=shown.ids if shown is not None else None)
@@ -249,8 +250,7 @@ class Runner:
             s = engine.instant.shown.get(path)
             return should_stop() or f.version != version or (s is not None and s.keystroke and len(s.ids) >= limit)
 
-        return self.planned_steps(req, RunOptions(should_stop=stop, keystroke=True, job="keystroke"),
-                                  time.perf_counter())
+        return self.planned_steps(req, RunOptions(should_stop=stop, job="keystroke"), time.perf_counter())
 
     def probe_speed(self, n: int = 16, warm: int = 4) -> None:
         """A first guess of the prefill speed, for a budget asked before anything was learned (a fresh
