@@ -12,6 +12,7 @@ and the config file's bounds for the same settings come from here (``config.RULE
 from __future__ import annotations
 
 import math
+from functools import cache
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -61,9 +62,10 @@ class Options:
                                  "(default: the config's).", cli=False)
 
     @classmethod
-    def fields(cls) -> list[tuple[str, Any, dict]]:
+    @cache  # (read at every request)
+    def fields(cls) -> tuple[tuple[str, Any, dict], ...]:
         """The option fields: (name, default, metadata), in order."""
-        return [(f.name, f.default, f.metadata) for f in fields(cls)]
+        return tuple((f.name, f.default, f.metadata) for f in fields(cls))
 
     @classmethod
     def rule(cls, name: str) -> dict:
@@ -114,7 +116,7 @@ class CompletionRequest:
         return self.where.path
 
     @classmethod
-    def options(cls) -> list[tuple[str, Any, dict]]:
+    def options(cls) -> tuple[tuple[str, Any, dict], ...]:
         """The option fields: (name, default, metadata), in order."""
         return Options.fields()
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import Cancelled, Interrupted, NoKvSlot
-from ..llama import Batch, Context, Model, Sampler
+from ..llama import Batch, Context, Model, Sampler, SamplerParams
 from ..prompt import healing
 from ..prompt.healing import Healer
 from . import drafts
@@ -54,13 +55,17 @@ class Decoder:
     """Drives ``llama_decode`` for one slot at a time (the engine thread only)."""
 
     def __init__(self, model: Model, ctx: Context, batch: Batch, slots: SlotManager, stop_tokens: frozenset[int],
-                 policy: Policy | None = None, links: Links = Links(), drafting: bool = True):
+                 policy: Policy | None = None, links: Links = Links(), drafting: bool = True,
+                 greedy: Sampler | None = None):
         """``policy``: the drafts' knobs and the clock that times batches (the speed, interrupts);
-        ``links``: what it asks of its engine; ``drafting``: whether greedy generations verify drafts."""
+        ``links``: what it asks of its engine; ``drafting``: whether greedy generations verify drafts;
+        ``greedy``: the greedy sampler every greedy generation shares (its owner frees it; default: one
+        of its own, freed when collected)."""
         self.policy = Policy() if policy is None else policy
         self.clock = self.policy.clock
         self.model, self.ctx, self.batch, self.slots = model, ctx, batch, slots
         self.stop_tokens = stop_tokens
+        self.greedy = Sampler() if greedy is None else greedy  # (stateless: one for all, no chain per request)
         self.observe, self.fit, self.predict_ms = links.observe, links.fit, links.predict_ms
         self.interruptible = False  # background work's prompt batches: a request stops them mid-batch
         self.batch_span: tuple[float, float] | None = None  # (start, expected end) of the interruptible batch
@@ -88,6 +93,11 @@ class Decoder:
         """(The engine thread, holding the scheduler's lock.) Background work starts: the asks so far
         are past."""
         self._stops_seen = self._stops_asked
+
+    def sampler(self, params: SamplerParams):
+        """A generation's sampler, as a context manager: the shared greedy one at temperature 0, else
+        a chain of its own, freed at the block's end."""
+        return nullcontext(self.greedy) if params.temperature <= 0 else Sampler(params)
 
     @property
     def healer(self) -> Healer:

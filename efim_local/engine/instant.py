@@ -32,7 +32,6 @@ import numpy as np
 
 from ..errors import Cancelled
 from ..kv.prefix import common_prefix
-from ..llama import Sampler, SamplerParams
 from ..prompt import healing
 from ..request import CompletionRequest, Options
 from .completion import Completion, Prompt, TokenCounts
@@ -225,23 +224,23 @@ class Trail:
         slot.touch(path, engine.reuse.used(path))  # (dated by the file's last use: SlotManager._loss)
         heal = heal_left(engine.model, s)  # an answer cancelled before it spelled out the text healed
         owner = slot.start("ahead", "generate")
-        with Sampler(SamplerParams()) as greedy:
-            try:
-                while len(s.ids) < target:
-                    if should_stop is not None and should_stop():
-                        raise Cancelled()
-                    row = engine.decoder.logits_after(slot, s.prompt, s.ids)
-                    if heal:  # as the decoder picks them (decode.py): the same trail as the answer's own
-                        tok = healing.pick(engine.ctx.logits(row), engine.decoder.healer.allowed(heal))
-                        heal = healing.left_after(heal, engine.model.piece(tok))
-                    else:
-                        tok = greedy.sample(engine.ctx, row)
-                    s.ids.append(tok)
-                    if engine.instant.ends(tok):
-                        return
-                    yield "ahead"
-            finally:
-                slot.end(owner)
+        greedy = engine.decoder.greedy
+        try:
+            while len(s.ids) < target:
+                if should_stop is not None and should_stop():
+                    raise Cancelled()
+                row = engine.decoder.logits_after(slot, s.prompt, s.ids)
+                if heal:  # as the decoder picks them (decode.py): the same trail as the answer's own
+                    tok = healing.pick(engine.ctx.logits(row), engine.decoder.healer.allowed(heal))
+                    heal = healing.left_after(heal, engine.model.piece(tok))
+                else:
+                    tok = greedy.sample(engine.ctx, row)
+                s.ids.append(tok)
+                if engine.instant.ends(tok):
+                    return
+                yield "ahead"
+        finally:
+            slot.end(owner)
 
 
 def keep_known(ctx, slot, prompt: np.ndarray, known) -> bool:

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import Cancelled, InvalidParams
-from ..llama import Sampler, SamplerParams
+from ..llama import SamplerParams
 from ..prompt.healing import MAX_BACKOFF
 from ..prompt.planner import GROWN, Budget, Plan
 from ..request import CompletionRequest, Options, Position
@@ -104,7 +104,7 @@ class Runner:
             counts.cached, counts.evaluated = len(prompt) - evaluated, evaluated
             spec = GenSpec(rules, ro.on_text, how.ignore_eog, ro.should_stop, ro.heal, known, ro.trail)
             slot.phase = "generate"
-            with Sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
+            with engine.decoder.sampler(SamplerParams(how.temperature, how.top_k, how.top_p, how.seed)) as sampler:
                 gen = yield from engine.decoder.generate_steps(slot, prompt, sampler, spec, ready, kept)
         except Cancelled as e:
             if isinstance(e.data, dict) and "first_token_at" in e.data:  # cancelled while generating
