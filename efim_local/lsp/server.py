@@ -12,11 +12,13 @@
   item carries, run on a full accept) tell the daemon what was taken (its ``accepted`` method);
   ``efim/definitions`` (``{uri, definitions: [{uri, line}]}``: where the editor's language servers
   define the names a document imports) goes to the daemon's ``definitions`` (repository context);
-  ``efim/cursor`` (``{uri, position}``: the cursor settled there) to its ``cursor``, so that the plan
-  anchored there is prefilled before the first keystroke (LSP has no notification of its own for it).
+  ``efim/cursor`` (``{uri, position}``: the cursor settled there; for other clients the position of
+  each ``textDocument/documentHighlight``) to its ``cursor``, so that the plan anchored there is
+  prefilled before the first keystroke (``cursor.py``).
 - Settings (``initializationOptions``, ``workspace/didChangeConfiguration``; a top-level ``efim``
   object is read too): ``maxTokens``, ``maxLines``, ``enabledLanguages`` (``["*"]``: all),
-  ``socket``; ``debounceMs`` and ``efimPath`` belong to the client.
+  ``socket``, ``cursorNotifications`` (at initialize: the client sends ``efim/cursor``);
+  ``debounceMs`` and ``efimPath`` belong to the client.
 - Errors: a request with bad params, a position outside the document or an unknown document gets an
   LSP error (one line) and the server goes on serving.
 """
@@ -38,6 +40,7 @@ from pygls.uris import to_fs_path
 
 from ..errors import CANCELLED, DaemonUnavailable, EfimError, one_line
 from ..prompt.windows import CLOSERS, MAX_CLOSERS
+from . import cursor
 from .relay import Relay
 from .settings import Settings
 from .sync import Sync, fs_path
@@ -47,7 +50,6 @@ log = logging.getLogger("efim.lsp")
 STATUS = "efim/status"
 PARTIAL_ACCEPT = "efim/didPartiallyAcceptCompletion"
 DEFINITIONS = "efim/definitions"
-CURSOR = "efim/cursor"
 ACCEPTED_COMMAND = "efim.accepted"
 
 
@@ -127,6 +129,7 @@ class EfimServer(LanguageServer):
         if not params.workspace_folders and params.root_uri:
             self.add_root(params.root_uri)
         self.relay = Relay(self.settings.socket, on_connect=self.sync.replay, on_start_failed=self.start_failed)
+        cursor.register(self)  # documentHighlight, for clients that send no efim/cursor
 
     def add_root(self, uri: str) -> None:
         path = to_fs_path(uri) if uri.startswith("file:") else None
@@ -165,6 +168,7 @@ class EfimServer(LanguageServer):
         # the version: the daemon refuses to complete any other text (a refused edit, a lost one)
         # type_over: the answer may go on past the closers the editor's auto-pairs put after the cursor
         # (`f(|)`: `x)`, not `x`); the item's range then covers the closers it replaces
+        doc.line = line  # (the daemon's anchor: a cursor resting here needs no note, cursor.py)
         p: dict[str, Any] = {"path": fs_path(uri), "position": {"line": line, "character": col}, "version": doc.version,
                              "type_over": True}
         if self.settings.max_tokens is not None:
@@ -254,26 +258,6 @@ class EfimServer(LanguageServer):
         except EfimError as e:
             raise lsp_error(e) from None
 
-    # -- where the cursor settled ----------------------------------------------------------------
-    def cursor(self, args: Any) -> None:
-        """The cursor settled at ``position`` (the client's units) of document ``uri``: the daemon
-        prefills the plan anchored there while idle. Nothing for a document out of step or not enabled."""
-        pos = args.get("position") if isinstance(args, dict) else None
-        if not isinstance(args.get("uri") if isinstance(args, dict) else None, str) or not isinstance(pos, dict) \
-                or not all(type(pos.get(k)) is int for k in ("line", "character")):
-            raise JsonRpcInvalidParams("invalid params: expected {uri, position: {line, character}}")
-        doc = self.docs.get(args["uri"])
-        if doc is None:
-            raise JsonRpcInvalidParams(f"invalid params: document not open: {args['uri']}")
-        if self.relay is None or not self.settings.enabled(doc.language) or doc.editor_error or doc.daemon_error:
-            return
-        try:
-            line, col = doc.point(pos["line"], pos["character"], self.conv)
-        except EfimError as e:
-            raise lsp_error(e) from None
-        self.relay.notify("cursor", {"path": fs_path(args["uri"]), "position": {"line": line, "character": col}},
-                          sync=True)
-
     # -- accepted completions -------------------------------------------------------------------
     async def accepted(self, args: Any, full: bool) -> None:
         """Tell the daemon what the user took of a completion (all of it, or ``acceptedLength``)."""
@@ -344,10 +328,10 @@ def build() -> EfimServer:
         except JsonRpcException as e:  # a notification: nobody to answer
             log.warning("efim: %s", e)
 
-    @ls.feature(CURSOR)
-    def cursor(ls: EfimServer, params: Any):
+    @ls.feature(cursor.CURSOR)
+    def cursor_settled(ls: EfimServer, params: Any):
         try:
-            ls.cursor(plain(params))
+            cursor.settled(ls, plain(params))
         except JsonRpcException as e:  # a notification: nobody to answer
             log.warning("efim: %s", e)
 
@@ -370,10 +354,16 @@ def plain(obj: Any) -> Any:
 
 
 class _ExpectedErrors(logging.Filter):
-    """pygls logs a traceback for every error reply; ours are expected, and have one line."""
+    """pygls logs a traceback for every error reply; ours are expected, and have one line. So has a
+    message whose params do not fit their type (answered InvalidParams: ``Protocol``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], JsonRpcException))
+        if record.exc_info and isinstance(record.exc_info[1], JsonRpcException):
+            return False
+        if isinstance(record.msg, str) and record.msg.startswith("Unable to deserialize message\n"):
+            last = [ln for ln in record.getMessage().splitlines() if ln and not ln.lstrip().startswith(("|", "+"))]
+            record.msg, record.args = "Unable to deserialize message: %s", (one_line(last[-1] if last else "?"),)
+        return True
 
 
 def serve(socket: str | None = None) -> None:

@@ -27,6 +27,7 @@ class Settings:
     max_lines: int | None = None
     enabled_languages: list[str] = field(default_factory=lambda: ["*"])
     socket: str | None = None
+    cursor_notifications: bool = False  # the client sends efim/cursor (lsp/cursor.py): no document highlights
 
     def update(self, raw: Any) -> None:
         """Take the known keys of a settings object (``{"efim": {...}}`` or flat); bad values are
@@ -38,7 +39,8 @@ class Settings:
                               ("maxLines", "max_lines", lambda v: v == 0 or _valid("max_lines", v)),
                               ("enabledLanguages", "enabled_languages",
                                lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
-                              ("socket", "socket", lambda v: isinstance(v, str) and v != "")):
+                              ("socket", "socket", lambda v: isinstance(v, str) and v != ""),
+                              ("cursorNotifications", "cursor_notifications", lambda v: isinstance(v, bool))):
             if key in raw and raw[key] is not None:
                 if ok(raw[key]):
                     setattr(self, attr, raw[key])

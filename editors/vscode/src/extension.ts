@@ -111,6 +111,8 @@ function initializationOptions() {
     maxTokens: s.get<number>("maxTokens", 64),
     maxLines: s.get<number>("maxLines", 0),
     enabledLanguages: s.get<string[]>("enabledLanguages", ["*"]),
+    // this extension sends efim/cursor itself (efim.cursorDebounceMs): the server asks no document highlights
+    cursorNotifications: true,
     ...(socket ? { socket } : {}),
   };
 }
