@@ -11,7 +11,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..config import cache_home, state_home
+from ..config import cache_home, config_home, state_home
 from ..errors import ConfigError
 
 
@@ -89,3 +89,11 @@ def log_file() -> Path:
 
 def _state() -> Path:
     return private_dir(state_home())
+
+
+def own_dirs() -> list[Path]:
+    """The directories efim writes to (its log, pid file, saved states, socket, caches) or reads its
+    configuration from: a watched workspace that holds them must not take efim's own writes for the
+    user's (each line logged would refresh a file, and stop the idle work that logs the next)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return [state_home(), cache_home(), config_home()] + ([Path(runtime) / "efim"] if runtime else [])

@@ -100,7 +100,7 @@ class Server:
         if watch:
             from .watcher import Watcher
 
-            self.watcher = Watcher(lambda path: self.handlers.file_changed(path))
+            self.watcher = Watcher(lambda path: self.handlers.file_changed(path), ignored=paths.own_dirs())
 
     # -- socket lifecycle ---------------------------------------------------------------
     def bind(self) -> None:
@@ -159,6 +159,8 @@ class Server:
         self.worker = Worker(engine, self.queue_size)
         self.handlers = Handlers(self, engine, self.worker)
         self.dispatcher = Dispatcher(self.handlers.table())
+        if self.watcher is not None and engine.store is not None:
+            self.watcher.ignore(engine.store.dir)  # (a state_dir of its own: its files are not the workspace's)
         self.worker.follow.start()  # the engine's work at start (calibration)
 
     def serve_forever(self) -> None:

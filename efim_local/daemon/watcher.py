@@ -1,4 +1,5 @@
-"""Watches workspace roots with watchdog; a file changed on disk refreshes its session.
+"""Watches workspace roots with watchdog; a file changed on disk refreshes its session. Files under
+efim's own directories (``paths.own_dirs``, the state store's) are not the workspace's.
 
 Each directory under a root costs an inotify watch (a per-user kernel budget, often 8192-65536
 for all programs): ``/`` and the home directory are refused as roots, and so is a root with more
@@ -46,14 +47,20 @@ def refusal(root: Path, limit: int = MAX_DIRS) -> tuple[str | None, int]:
     return None, n
 
 
-def interesting(path: str, root: str) -> bool:
+def inside(path: str, dirs) -> bool:
+    """Whether ``path`` (resolved) is one of ``dirs`` (resolved) or under one."""
+    return any(os.path.commonpath([path, d]) == d for d in dirs)
+
+
+def interesting(path: str, root: str, ignored=()) -> bool:
     """Source-like files only: inside ``root`` once symlinks are resolved (a link to a file elsewhere
-    is not the workspace's), not under ignored directories, not large, not binary, regular."""
+    is not the workspace's), not under ignored directories (``ignored``: resolved paths of efim's
+    own), not large, not binary, regular."""
     p = Path(path)
     if any(part in IGNORED_DIRS for part in p.parts) or p.name.endswith((".swp", "~", ".tmp")):
         return False
     real = os.path.realpath(p)
-    if os.path.commonpath([real, root]) != root:
+    if os.path.commonpath([real, root]) != root or inside(real, ignored):
         return False
     try:
         fd, st = open_regular(real, follow=False)
@@ -68,22 +75,23 @@ def interesting(path: str, root: str) -> bool:
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, callback: Callable[[str], None], root: str):
-        self.callback, self.root = callback, root
+    def __init__(self, callback: Callable[[str], None], root: str, ignored: list[str]):
+        self.callback, self.root, self.ignored = callback, root, ignored
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.is_directory or event.event_type not in ("modified", "created", "moved", "closed", "deleted"):
             return
         if event.event_type in ("moved", "deleted"):  # the old path is gone (repository context forgets it)
             old = os.fsdecode(event.src_path)
+            where = os.path.realpath(os.path.dirname(old))
             if not any(part in IGNORED_DIRS for part in Path(old).parts) and os.path.commonpath(
-                    [os.path.realpath(os.path.dirname(old)), self.root]) == self.root:
+                    [where, self.root]) == self.root and not inside(where, self.ignored):
                 self.callback(old)
             if event.event_type == "deleted":
                 return
         path = getattr(event, "dest_path", "") or event.src_path
         path = os.fsdecode(path)
-        if interesting(path, self.root):
+        if interesting(path, self.root, self.ignored):
             self.callback(path)
 
 
@@ -91,9 +99,12 @@ class Watcher:
     """Watches workspace roots: those given at start for good, those editors name (didOpen's
     ``root``) at most ``limit``, the least recently named dropped first (each costs a thread)."""
 
-    def __init__(self, callback: Callable[[str], None], roots: list[str] | None = None, limit: int = MAX_ROOTS):
+    def __init__(self, callback: Callable[[str], None], roots: list[str] | None = None, limit: int = MAX_ROOTS,
+                 ignored=()):
+        """``ignored``: directories whose files are never the workspace's (efim's own: ``paths.own_dirs``)."""
         self.observer = Observer()
         self.callback, self.limit = callback, limit
+        self.ignored = [os.path.realpath(d) for d in ignored]
         self.lock = threading.Lock()
         self._watches: OrderedDict[str, object] = OrderedDict()  # root -> watchdog's handle, LRU last
         self._dirs: dict[str, int] = {}  # root -> its directories when it was counted
@@ -124,7 +135,8 @@ class Watcher:
             if pin:
                 self._pinned.add(root)
             try:
-                self._watches[root] = self.observer.schedule(_Handler(self.callback, root), root, recursive=True)
+                handler = _Handler(self.callback, root, self.ignored)  # (the list: later ignore()s reach it)
+                self._watches[root] = self.observer.schedule(handler, root, recursive=True)
             except OSError as e:  # out of inotify watches, unreadable: the daemon goes on without it
                 log.warning("cannot watch %s: %s", root, e)
                 return
@@ -138,6 +150,12 @@ class Watcher:
                 self._dirs.pop(old, None)
                 log.info("no longer watching %s (more than %d roots or %d directories)", old, self.limit,
                          MAX_WATCHES)
+
+    def ignore(self, d) -> None:
+        """Never take the files under ``d`` for the workspace's (the state store's directory, once the
+        engine that configures it is loaded)."""
+        with self.lock:
+            self.ignored.append(os.path.realpath(d))
 
     def roots(self) -> list[str]:
         with self.lock:

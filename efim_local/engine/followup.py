@@ -71,10 +71,14 @@ class FollowUp:
         return kept
 
     def changed_on_disk(self, path: str) -> None:
-        """A file changed on disk: forget its plan and prefill it in idle time; the repository context
-        of the project's open files that import it or name its definitions is rebuilt."""
-        self.scheduler.post(lambda e: e.forget(path))
-        self.warm_later(path)
+        """A file changed on disk. One the engine served (open, or asked about): forget its plan and
+        prefill it in idle time. Any: the repository context of the project's open files that import it
+        or name its definitions is rebuilt. A file never served costs the engine nothing (a log another
+        program appends to, a checkout's hundred files: warming them would stop idle work at each write
+        and fill the slots with files nobody asked about)."""
+        if self.engine.files.get(path) is not None:
+            self.scheduler.post(lambda e: e.forget(path))
+            self.warm_later(path)
         if self.engine.repo is not None:
             for other in self.engine.repo.saved(path):
                 self.repo_later(other)

@@ -448,6 +448,43 @@ def test_watcher_refreshes_changed_files(tmp_path, tiny_model):
         d.stop()
 
 
+
+def test_files_the_daemon_never_served_and_its_own_files_cost_no_engine_work(tmp_path, tiny_model):
+    """A watched root that holds a log another program appends to, and the daemon's own state (its log,
+    its saved states: a workspace with the XDG directories inside it): their writes refresh nothing,
+    warm nothing and never stop the engine's idle work (the daemon's own log once fed the watcher
+    a change per line it wrote, each stopping the idle work that logged the next). A file the daemon
+    served is still refreshed (test_watcher_refreshes_changed_files)."""
+    root = tmp_path  # (Daemon puts the state, cache and runtime directories under it)
+    (root / "mod.py").write_text(LONG[:3000])
+    d = Daemon(tmp_path, tiny_model, "--watch", str(root)).start()
+    app_log = root / "app.log"
+
+    def idle(c):
+        st = c.call("status")
+        return st if st["queued"] == 0 and st["idle_tasks"] == 0 else None
+
+    try:
+        with d.client() as c:
+            complete(c, text=LONG[:3000], offset=2000, path=str(root / "mod.py"))
+            wait_until(lambda: idle(c), 90, "the daemon idle after its request")
+            with app_log.open("a") as f:
+                for i in range(40):  # a dev server's log
+                    f.write(f"GET /item/{i} 200 ({i} ms)\n")
+                    f.flush()
+                    time.sleep(0.02)
+            time.sleep(1.0)  # (the watcher's events arrive)
+            st = wait_until(lambda: idle(c), 90, "the daemon idle after the writes")
+            paths = {s["path"] for s in st["slots"]}
+            assert str(app_log) not in paths and not any(p and p.startswith(str(tmp_path / "state")) for p in paths)
+            time_before = st["engine_time_s"]
+            time.sleep(2.0)  # idle stays idle: nothing the daemon writes itself comes back as work
+            after = c.call("status")["engine_time_s"]
+            busy = {k: round(after.get(k, 0) - v, 2) for k, v in time_before.items() if after.get(k, 0) - v > 0.05}
+            assert not busy and set(after) == set(time_before), (time_before, after)
+    finally:
+        d.stop()
+
 @pytest.mark.parametrize("frame", [
     b'{"jsonrpc": "2.0", "id": "\\ud800", "method": "complete", "params": {"path": "s.py", "text": "x = 1\\n", "offset": 3}}\n',
     b'{"jsonrpc": "2.0", "id": 5, "method": "complete", "params": {"path": "s.py", "text": "x = \\ud800\\n", "offset": 3}}\n',

@@ -95,3 +95,36 @@ def test_a_renamed_or_deleted_file_reports_its_old_path_too(tmp_path):
             time.sleep(0.02)
     finally:
         w.stop()
+
+
+def test_efims_own_directories_are_not_the_workspaces(tmp_path, monkeypatch):
+    """A workspace that holds efim's own state (its log, its saved states, a ``state_dir`` of the
+    config's): their writes, renames and deletions never reach the callback; the workspace's do."""
+    root = tmp_path / "ws"
+    for d in ("state/efim", "store", "src"):
+        (root / d).mkdir(parents=True)
+    monkeypatch.setenv("XDG_STATE_HOME", str(root / "state"))
+    from efim_local.daemon.paths import own_dirs
+
+    seen: list[str] = []
+    w = Watcher(seen.append, [str(root)], ignored=own_dirs())
+    w.ignore(root / "store")  # (the engine's state store, known once it is loaded)
+    w.start()
+    try:
+        log = root / "state" / "efim" / "daemon.log"
+        for i in range(5):
+            with log.open("a") as f:
+                f.write(f"line {i}\n")
+        (root / "store" / "a.json").write_text("{}")
+        (root / "store" / "a.json").rename(root / "store" / "b.json")
+        (root / "store" / "b.json").unlink()
+        (root / "src" / "mod.py").write_text("x = 1\n")
+        r = root.resolve()
+        deadline = time.monotonic() + 10
+        while str(r / "src" / "mod.py") not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # (events of the ignored writes, had they come, before the last one's)
+    finally:
+        w.stop()
+    assert set(seen) == {str(r / "src" / "mod.py")}, seen
+    assert not interesting(str(log), str(r), [os.path.realpath(root / "state" / "efim")])
