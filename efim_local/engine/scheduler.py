@@ -340,7 +340,7 @@ class Scheduler:
     def _background_step(self) -> None:
         """One step of background work: the started task, else the next (the latest file's first)."""
         t = self.clock()
-        if self.background.preempted():  # work for a due request goes before a started task of another kind
+        if self.background.preempted():  # work for a due request, or a newer task of the started one's key
             self._close_background()
         with self.cond:
             task = self.background.start(self.last_path)

@@ -75,22 +75,32 @@ class BackgroundQueue:
         if task.key is not None:
             for old in [w for w in self.waiting if w.key == task.key]:
                 self.waiting.remove(old)
-        if first:
+        preempts = self.current is not None and self._preempts(task, self.current)
+        if first or (preempts and not task.for_request):  # (a newer one of the started task's key: its place)
             self.waiting.appendleft(task)
         else:
             self.waiting.append(task)
-        return task.for_request and self.current is not None and not self.current.for_request
+        return preempts
+
+    @staticmethod
+    def _preempts(task: BackgroundTask, current: BackgroundTask) -> bool:
+        """Work for a due request goes before a started task of another kind; a newer task with the
+        started one's key replaces it (the cursor moved on: a warm of the file's top or of the old
+        cursor's plan would run to its end first, half a minute on a big file). (A keystroke's answer
+        stops itself when the document moves on: Runner.keystroke_steps.)"""
+        if task.for_request:
+            return not current.for_request
+        return task.key is not None and task.key == current.key
 
     def __len__(self) -> int:
         """Tasks queued or started."""
         return len(self.waiting) + (self.current is not None)
 
     def preempted(self) -> bool:
-        """Whether work for a due request waits behind a started task of another kind (which then stops,
-        and goes on after it)."""
+        """Whether a waiting task preempts the started one (``_preempts``), which then stops: it goes
+        on after it, unless the waiting one has its key (``requeue``)."""
         with self.lock:
-            return any(t.for_request for t in self.waiting) and self.current is not None \
-                and not self.current.for_request
+            return self.current is not None and any(self._preempts(t, self.current) for t in self.waiting)
 
     def start(self, path: str | None) -> BackgroundTask | None:
         """(Holding the lock.) The started task, else the next one: work for a due request first, then

@@ -301,6 +301,39 @@ def test_a_keystrokes_answer_goes_first_and_never_holds_for_the_request_it_is_fo
     assert log[-1] == "grow"
 
 
+
+def test_a_newer_task_with_the_started_ones_key_replaces_it(clock, policy):
+    """The cursor moved on while the file's warm runs (its top on opening, a plan at the cursor's
+    last rest: half a minute on a big file on the 0.5B): the newer warm stops the started one's batch
+    and replaces it (what it computed stays in its slot), instead of waiting for its end. Tasks of
+    other keys are not stopped by it."""
+    log = []
+
+    def work(name, n):
+        def fn(engine, stop):
+            def steps():
+                for _ in range(n):
+                    log.append(name)
+                    yield
+            return steps()
+        return fn
+
+    e = fake_engine(policy)
+    sched = Scheduler(e)
+    sched.add_background(work("top", 100), key=("warm", "a.py"))
+    sched._background_step()
+    sched._background_step()
+    sched.add_background(work("repo", 100), key=("repo", "a.py"))  # another key: queued behind
+    assert e.interrupted == 0
+    sched._background_step()
+    assert log == ["top"] * 3
+    sched.add_background(work("cursor", 100), key=("warm", "a.py"))  # the cursor rested elsewhere
+    assert e.interrupted == 1  # the top's batch in progress stops
+    sched._background_step()
+    sched._background_step()
+    assert log == ["top"] * 3 + ["cursor"] * 2
+    assert [t.key for t in sched.background.waiting] == [("repo", "a.py")]  # the top's warm is gone
+
 def test_the_scheduler_times_its_work_by_the_policys_clock(clock, policy):
     e = fake_engine(policy)
     sched = Scheduler(e)
