@@ -7,11 +7,11 @@ LSP has no notification for a cursor at rest. Two ways tell this server:
   ``efim.cursorDebounceMs`` of rest). They say so at initialize (``cursorNotifications``).
 - ``textDocument/documentHighlight``, offered to every other client: editors ask it when the cursor
   rests to highlight the symbol under it (Neovim's ``CursorHold`` in most configurations, Emacs's
-  lsp-mode and Eglot, Zed). This server highlights nothing (null: other servers' highlights show).
+  lsp-mode). This server highlights nothing (null: other servers' highlights show; docs/editors.md).
 
 Either is passed on only when the cursor rests on another line than the one the daemon last heard
-of for the document (its last edit, completion or cursor): typing on a line needs nothing, its
-keystrokes' requests anchor there.
+of for the document (its last completion or cursor note; an edit is no news of the cursor to it):
+resting again where nothing moved sends nothing.
 """
 
 from __future__ import annotations
@@ -67,5 +67,5 @@ def document_highlight(ls, params: t.DocumentHighlightParams) -> None:
 def register(ls) -> None:
     """Offer ``textDocument/documentHighlight`` unless the client sends ``efim/cursor`` (called at
     initialize, before the server's capabilities are computed from its features)."""
-    if not ls.settings.cursor_notifications:
-        ls.feature(t.TEXT_DOCUMENT_DOCUMENT_HIGHLIGHT)(document_highlight)
+    if not ls.settings.cursor_notifications and t.TEXT_DOCUMENT_DOCUMENT_HIGHLIGHT not in ls.protocol.fm.features:
+        ls.feature(t.TEXT_DOCUMENT_DOCUMENT_HIGHLIGHT)(document_highlight)  # (once: a second initialize)

@@ -28,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import sys
 import time
 from typing import Any
 
+from cattrs import ClassValidationError, transform_error
 from lsprotocol import types as t
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcRequestCancelled
 from pygls.lsp.server import LanguageServer
@@ -168,7 +170,6 @@ class EfimServer(LanguageServer):
         # the version: the daemon refuses to complete any other text (a refused edit, a lost one)
         # type_over: the answer may go on past the closers the editor's auto-pairs put after the cursor
         # (`f(|)`: `x)`, not `x`); the item's range then covers the closers it replaces
-        doc.line = line  # (the daemon's anchor: a cursor resting here needs no note, cursor.py)
         p: dict[str, Any] = {"path": fs_path(uri), "position": {"line": line, "character": col}, "version": doc.version,
                              "type_over": True}
         if self.settings.max_tokens is not None:
@@ -182,6 +183,7 @@ class EfimServer(LanguageServer):
             self.sync.check(doc, e)  # the reason behind the daemon's refusal, when there is one
             raise
         answered = time.perf_counter()
+        doc.line = line  # (the daemon's anchor now: a cursor resting here needs no note, cursor.py)
         self.status(result, (answered - received) * 1000, (answered - started) * 1000)
         text = result.get("text") or ""
         over = replaced(result, cols, col)
@@ -355,14 +357,15 @@ def plain(obj: Any) -> Any:
 
 class _ExpectedErrors(logging.Filter):
     """pygls logs a traceback for every error reply; ours are expected, and have one line. So has a
-    message whose params do not fit their type (answered InvalidParams: ``Protocol``)."""
+    message whose params do not fit their type (answered InvalidParams: ``Protocol``): where and why."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], JsonRpcException):
             return False
-        if isinstance(record.msg, str) and record.msg.startswith("Unable to deserialize message\n"):
-            last = [ln for ln in record.getMessage().splitlines() if ln and not ln.lstrip().startswith(("|", "+"))]
-            record.msg, record.args = "Unable to deserialize message: %s", (one_line(last[-1] if last else "?"),)
+        exc = sys.exc_info()[1]  # (pygls logs it in its except block, the traceback as text)
+        if isinstance(exc, ClassValidationError) and isinstance(record.msg, str) \
+                and record.msg.startswith("Unable to deserialize message"):
+            record.msg, record.args = "Unable to deserialize message: %s", ("; ".join(transform_error(exc)),)
         return True
 
 

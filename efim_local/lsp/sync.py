@@ -91,7 +91,8 @@ class Sync:
     def replay(self) -> None:
         """A new daemon connection: open every document again (the daemon may have restarted), and
         send the editor's definitions of each again."""
-        for uri in self.docs:
+        for uri, doc in self.docs.items():
+            doc.line = None  # (a new daemon knows no cursor; a note lost with the old connection)
             self.send(uri, "didOpen", self.open_params(uri), full=True, sync=False)
             defs = self.server.definitions_of.get(uri)
             if defs is not None and self.server.relay is not None:

@@ -72,7 +72,9 @@ class Doc:
         self.editor_error: str | None = None  # why this copy may not be the editor's
         self.full_seq = 0  # the last sync message that carried the whole text
         self.full_answered = 0  # the last such message the daemon answered
-        self.line: int | None = None  # the cursor's line as the daemon last heard of it (cursor.py)
+        # The cursor's line as the daemon last heard of it: a completion's or a cursor note's (an edit
+        # tells it nothing: cursor.py). None when it heard none (a new daemon, a whole new text).
+        self.line: int | None = None
 
     @property
     def text(self) -> str:
@@ -94,12 +96,10 @@ class Doc:
         if el < len(self.lines) - 1:
             pieces.pop()  # the edited last line kept its "\n": the next line follows as it is
         self.lines[sl:el + 1] = pieces
-        # The cursor is after the text inserted (a whole line replaced, as Neovim sends a keystroke: on
-        # the line it ends, not the next)
-        self.line = sl + new.count("\n") - (el > sl and ec == 0 and new.endswith("\n"))
 
     def replace(self, text: str) -> None:
         self.lines = split_lines(text)
+        self.line = None
 
     def word_start(self, line: int, col: int) -> int:
         """Column where the identifier that ends at (line, col) starts (``col`` if none)."""

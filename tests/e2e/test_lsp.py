@@ -497,8 +497,9 @@ def test_neovims_own_lsp_client_tells_where_the_cursor_rests(daemon, tmp_path):
     """Neovim's built-in LSP client with ``efim lsp`` (no efim plugin), configured as most are
     (kickstart.nvim: ``document_highlight`` on ``CursorHold`` when the server offers it): the cursor
     rests on line 1202 of a file bigger than a slot, and the first request there finds its plan in a
-    slot. The daemon hears of each line the cursor rests on once; resting after typing on the line
-    of its last note says nothing more (a recording proxy between ``efim lsp`` and the daemon)."""
+    slot. The daemon hears of each line the cursor rests on once: resting again after typing on the
+    line of its last note says nothing more; resting on a line typed on before any rest there does
+    (an edit is no news of the cursor to it). A recording proxy between ``efim lsp`` and the daemon."""
     pynvim = pytest.importorskip("pynvim")
     if not neovims():
         pytest.skip("nvim is not installed (make test installs it)")
@@ -529,9 +530,10 @@ def test_neovims_own_lsp_client_tells_where_the_cursor_rests(daemon, tmp_path):
             return false"""
         wait_until(lambda: nv.exec_lua(offered), 30, "efim lsp offering documentHighlight to Neovim")
         rest = lambda: nv.command("doautocmd CursorHold")  # (what resting fires after 'updatetime')
+        notes = lambda: [m["params"]["position"]["line"] for m in relay.methods("cursor")]
         nv.current.window.cursor = (1202, 4)
         rest()
-        wait_until(lambda: relay.methods("cursor"), 30, "a cursor note")
+        wait_until(notes, 30, "a cursor note")
         seen = prefilled(daemon, str(src))
         with Client(daemon.sock, timeout=60) as c:
             res = c.call("complete", {"path": str(src), "position": {"line": 1201, "character": 4}, "max_tokens": 4})
@@ -540,10 +542,12 @@ def test_neovims_own_lsp_client_tells_where_the_cursor_rests(daemon, tmp_path):
         nv.input("iy<Esc>")  # typing on that line, then resting: nothing new
         wait_until(lambda: relay.methods("didChange"), 30, "the edit")
         rest()
-        nv.current.window.cursor = (30, 0)  # another line: a note
+        nv.current.window.cursor = (30, 0)  # another line, typed on before the cursor rested: a note
+        nv.input("iz<Esc>")
+        wait_until(lambda: len(relay.methods("didChange")) == 2, 30, "the second edit")
         rest()
-        wait_until(lambda: len(relay.methods("cursor")) == 2, 30, "the second cursor note")
-        assert [m["params"]["position"]["line"] for m in relay.methods("cursor")] == [1201, 29]
+        wait_until(lambda: len(notes()) == 2, 30, "the second cursor note")
+        assert notes() == [1201, 29]
     finally:
         proc.kill()
         proc.wait(10)

@@ -302,11 +302,11 @@ def test_a_keystrokes_answer_goes_first_and_never_holds_for_the_request_it_is_fo
 
 
 
-def test_a_newer_task_with_the_started_ones_key_replaces_it(clock, policy):
-    """The cursor moved on while the file's warm runs (its top on opening, a plan at the cursor's
-    last rest: half a minute on a big file on the 0.5B): the newer warm stops the started one's batch
-    and replaces it (what it computed stays in its slot), instead of waiting for its end. Tasks of
-    other keys are not stopped by it."""
+def test_a_newer_task_with_a_provisional_started_ones_key_replaces_it(clock, policy):
+    """The cursor rested on a line of a file just opened while the warm of its top runs (22 s on a big
+    file on the 0.5B): the cursor's warm stops the top's batch and replaces it (what it computed stays in
+    its slot), instead of waiting for its end. A started warm at a cursor is not provisional: the next
+    cursor's waits for it. Tasks of other keys are not stopped either."""
     log = []
 
     def work(name, n):
@@ -320,19 +320,24 @@ def test_a_newer_task_with_the_started_ones_key_replaces_it(clock, policy):
 
     e = fake_engine(policy)
     sched = Scheduler(e)
-    sched.add_background(work("top", 100), key=("warm", "a.py"))
+    key = ("warm", "a.py")
+    sched.add_background(work("top", 100), key=key, provisional=True)
     sched._background_step()
     sched._background_step()
     sched.add_background(work("repo", 100), key=("repo", "a.py"))  # another key: queued behind
     assert e.interrupted == 0
     sched._background_step()
     assert log == ["top"] * 3
-    sched.add_background(work("cursor", 100), key=("warm", "a.py"))  # the cursor rested elsewhere
+    sched.add_background(work("line 700", 3), key=key)  # the cursor rested
     assert e.interrupted == 1  # the top's batch in progress stops
     sched._background_step()
     sched._background_step()
-    assert log == ["top"] * 3 + ["cursor"] * 2
+    assert log == ["top"] * 3 + ["line 700"] * 2
     assert [t.key for t in sched.background.waiting] == [("repo", "a.py")]  # the top's warm is gone
+    sched.add_background(work("line 701", 1), key=key)  # the next line: after this one
+    assert e.interrupted == 1
+    sched._background_step()
+    assert log == ["top"] * 3 + ["line 700"] * 3  # it went on to its end
 
 def test_the_scheduler_times_its_work_by_the_policys_clock(clock, policy):
     e = fake_engine(policy)
