@@ -128,10 +128,9 @@ class Scheduler:
 
     def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False,
                        for_request: bool = False, provisional: bool = False) -> None:
-        """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
-        is replaced (the newer one knows better: the cursor moved again); ``first`` queues it before the
-        others (a shown answer's continuation: the user may take it); ``for_request``, ``provisional``:
-        ``BackgroundTask``'s."""
+        """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued is
+        replaced (the newer one knows better: the cursor moved again); ``first`` queues it before the others
+        (a shown answer's continuation); ``for_request``, ``provisional``: ``BackgroundTask``'s."""
         with self.cond:
             if self.background.add(BackgroundTask(key, fn, path, for_request=for_request, provisional=provisional),
                                    first):

@@ -73,6 +73,17 @@ def fake_engine(policy: Policy, ms_per_token: float = 5.0, **kw) -> SimpleNamesp
     return e
 
 
+
+def steps_of(log: list, name: str, n: int):
+    """A background task's ``fn``: ``n`` steps, each noted in ``log`` by ``name``."""
+    def fn(engine, stop):
+        def steps():
+            for _ in range(n):
+                log.append(name)
+                yield
+        return steps()
+    return fn
+
 # -- the user's pace ------------------------------------------------------------------------------------
 def test_the_pace_learns_the_editors_debounce_from_request_gaps(clock, policy):
     pace = Pace(policy)
@@ -270,15 +281,7 @@ def test_a_keystrokes_answer_goes_first_and_never_holds_for_the_request_it_is_fo
     before it (that task goes on after it); stopped, when the request takes it over, it is not begun
     again."""
     log = []
-
-    def work(name, n):
-        def fn(engine, stop):
-            def steps():
-                for _ in range(n):
-                    log.append(name)
-                    yield
-            return steps()
-        return fn
+    work = lambda name, n: steps_of(log, name, n)
 
     e = fake_engine(policy, patience_s=0.8)  # a quarter of a usual chunk: 200 ms
     sched = Scheduler(e)
@@ -308,15 +311,7 @@ def test_a_newer_task_with_a_provisional_started_ones_key_replaces_it(clock, pol
     its slot), instead of waiting for its end. A started warm at a cursor is not provisional: the next
     cursor's waits for it. Tasks of other keys are not stopped either."""
     log = []
-
-    def work(name, n):
-        def fn(engine, stop):
-            def steps():
-                for _ in range(n):
-                    log.append(name)
-                    yield
-            return steps()
-        return fn
+    work = lambda name, n: steps_of(log, name, n)
 
     e = fake_engine(policy)
     sched = Scheduler(e)
