@@ -131,7 +131,7 @@ class FollowUp:
             cursor = None if cursor is None else min(cursor, len(text))  # None: Growth.top_steps
             return engine.growth.warm_steps(path, text, cursor, should_stop)
 
-        self.scheduler.add_background(warm, key=("warm", path), path=path, provisional=at is None)
+        self.scheduler.add_background(warm, key=("warm", path), path=path)
 
     # -- after a request ---------------------------------------------------------------------------
     def after(self, req: CompletionRequest, err: BaseException | None) -> None:

@@ -127,13 +127,12 @@ class Scheduler:
         return fut
 
     def add_background(self, fn: Callable, key: Any = None, path: str | None = None, first: bool = False,
-                       for_request: bool = False, provisional: bool = False) -> None:
-        """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued is
-        replaced (the newer one knows better: the cursor moved again); ``first`` queues it before the others
-        (a shown answer's continuation); ``for_request``, ``provisional``: ``BackgroundTask``'s."""
+                       for_request: bool = False) -> None:
+        """Queue ``fn(engine, should_stop)`` for idle time. A task with the same ``key`` still queued
+        is replaced (the newer one knows better: the cursor moved again); ``first`` queues it before the
+        others (a shown answer's continuation: the user may take it); ``for_request``: ``BackgroundTask``'s."""
         with self.cond:
-            if self.background.add(BackgroundTask(key, fn, path, for_request=for_request, provisional=provisional),
-                                   first):
+            if self.background.add(BackgroundTask(key, fn, path, for_request=for_request), first):
                 self.engine.interrupt()  # the started task's batch stops: this one goes first
             self.cond.notify()
 
@@ -341,7 +340,7 @@ class Scheduler:
     def _background_step(self) -> None:
         """One step of background work: the started task, else the next (the latest file's first)."""
         t = self.clock()
-        if self.background.preempted():  # work for a due request, or a newer task of a provisional one's key
+        if self.background.preempted():  # work for a due request goes before a started task of another kind
             self._close_background()
         with self.cond:
             task = self.background.start(self.last_path)

@@ -58,9 +58,6 @@ class BackgroundTask:
     # Work for the request that is due (an answer begun at its keystroke): it never waits for that
     # request (Pace.hold_s), and once stopped it is not begun again (the request took it over).
     for_request: bool = False
-    # Replaced by a newer task with its key even once started (a warm of the file's top, or of its last
-    # cursor: the cursor that rests now goes first); others finish first (BackgroundQueue._preempts).
-    provisional: bool = False
 
 
 class BackgroundQueue:
@@ -78,33 +75,22 @@ class BackgroundQueue:
         if task.key is not None:
             for old in [w for w in self.waiting if w.key == task.key]:
                 self.waiting.remove(old)
-        preempts = self.current is not None and self._preempts(task, self.current)
-        if first or (preempts and not task.for_request):  # (it replaces the started task: its place)
+        if first:
             self.waiting.appendleft(task)
         else:
             self.waiting.append(task)
-        return preempts
-
-    @staticmethod
-    def _preempts(task: BackgroundTask, current: BackgroundTask) -> bool:
-        """Work for a due request goes before a started task of another kind; a newer task with the key
-        of a started ``provisional`` one replaces it (a cursor that rests on line 700 of a file just
-        opened: the warm of the file's top would run to its end first, 22 s on the 0.5B). A started
-        warm at a cursor finishes before the next cursor's (replacing those too cut the click trace's
-        context from 44% to 40%: every line typed past moved the cursor)."""
-        if task.for_request:
-            return not current.for_request
-        return current.provisional and task.key is not None and task.key == current.key
+        return task.for_request and self.current is not None and not self.current.for_request
 
     def __len__(self) -> int:
         """Tasks queued or started."""
         return len(self.waiting) + (self.current is not None)
 
     def preempted(self) -> bool:
-        """Whether a waiting task preempts the started one (``_preempts``), which then stops: it goes
-        on after it, unless the waiting one has its key (``requeue``)."""
+        """Whether work for a due request waits behind a started task of another kind (which then stops,
+        and goes on after it)."""
         with self.lock:
-            return self.current is not None and any(self._preempts(t, self.current) for t in self.waiting)
+            return any(t.for_request for t in self.waiting) and self.current is not None \
+                and not self.current.for_request
 
     def start(self, path: str | None) -> BackgroundTask | None:
         """(Holding the lock.) The started task, else the next one: work for a due request first, then

@@ -73,17 +73,6 @@ def fake_engine(policy: Policy, ms_per_token: float = 5.0, **kw) -> SimpleNamesp
     return e
 
 
-
-def steps_of(log: list, name: str, n: int):
-    """A background task's ``fn``: ``n`` steps, each noted in ``log`` by ``name``."""
-    def fn(engine, stop):
-        def steps():
-            for _ in range(n):
-                log.append(name)
-                yield
-        return steps()
-    return fn
-
 # -- the user's pace ------------------------------------------------------------------------------------
 def test_the_pace_learns_the_editors_debounce_from_request_gaps(clock, policy):
     pace = Pace(policy)
@@ -281,7 +270,15 @@ def test_a_keystrokes_answer_goes_first_and_never_holds_for_the_request_it_is_fo
     before it (that task goes on after it); stopped, when the request takes it over, it is not begun
     again."""
     log = []
-    work = lambda name, n: steps_of(log, name, n)
+
+    def work(name, n):
+        def fn(engine, stop):
+            def steps():
+                for _ in range(n):
+                    log.append(name)
+                    yield
+            return steps()
+        return fn
 
     e = fake_engine(policy, patience_s=0.8)  # a quarter of a usual chunk: 200 ms
     sched = Scheduler(e)
@@ -303,36 +300,6 @@ def test_a_keystrokes_answer_goes_first_and_never_holds_for_the_request_it_is_fo
     sched._background_step()
     assert log[-1] == "grow"
 
-
-
-def test_a_newer_task_with_a_provisional_started_ones_key_replaces_it(clock, policy):
-    """The cursor rested on a line of a file just opened while the warm of its top runs (22 s on a big
-    file on the 0.5B): the cursor's warm stops the top's batch and replaces it (what it computed stays in
-    its slot), instead of waiting for its end. A started warm at a cursor is not provisional: the next
-    cursor's waits for it. Tasks of other keys are not stopped either."""
-    log = []
-    work = lambda name, n: steps_of(log, name, n)
-
-    e = fake_engine(policy)
-    sched = Scheduler(e)
-    key = ("warm", "a.py")
-    sched.add_background(work("top", 100), key=key, provisional=True)
-    sched._background_step()
-    sched._background_step()
-    sched.add_background(work("repo", 100), key=("repo", "a.py"))  # another key: queued behind
-    assert e.interrupted == 0
-    sched._background_step()
-    assert log == ["top"] * 3
-    sched.add_background(work("line 700", 3), key=key)  # the cursor rested
-    assert e.interrupted == 1  # the top's batch in progress stops
-    sched._background_step()
-    sched._background_step()
-    assert log == ["top"] * 3 + ["line 700"] * 2
-    assert [t.key for t in sched.background.waiting] == [("repo", "a.py")]  # the top's warm is gone
-    sched.add_background(work("line 701", 1), key=key)  # the next line: after this one
-    assert e.interrupted == 1
-    sched._background_step()
-    assert log == ["top"] * 3 + ["line 700"] * 3  # it went on to its end
 
 def test_the_scheduler_times_its_work_by_the_policys_clock(clock, policy):
     e = fake_engine(policy)
