@@ -11,7 +11,10 @@ on the engine thread's stack; then, for 5 s of the idle work that follows, that 
 unprofiled, 30 such keystrokes: the milliseconds each costs outside ``llama_decode`` (Python: the
 client's round trips for the edit and the request, less the decodes' time).
 
-    PYTHONPATH=. .venv/bin/python scripts/investigations/keystroke_calls.py
+    PYTHONPATH=. .venv/bin/python scripts/investigations/keystroke_calls.py [-v] [-t] [--request]
+
+``--request``: trace the request alone, 1 s after its edit (the edit's own work, and the answer the
+daemon begins at the keystroke, done by then): the way issue 40's review seems to have counted.
 """
 
 import inspect
@@ -99,9 +102,12 @@ with Client(tmp / "efim.sock", timeout=120) as c:
             break
         time.sleep(0.5)
     ch = "q" if not first.get("text", "").startswith("q") else "z"
-    recording = True
+    recording = "--request" not in sys.argv
     edit = {"range": {"start": end, "end": end}, "text": ch}
     c.call("didChange", {"path": path, "version": 2, "contentChanges": [edit]})
+    if not recording:
+        time.sleep(1.0)
+        recording = True
     out = c.call("complete", {"path": path, "position": {"line": end["line"], "character": 1}, "max_tokens": 16})
     recording, idle = False, True
     time.sleep(5.0)  # the idle work after the answer (its continuation, growth)
