@@ -60,7 +60,7 @@ def interesting(path: str, root: str, ignored=()) -> bool:
     if any(part in IGNORED_DIRS for part in p.parts) or p.name.endswith((".swp", "~", ".tmp")):
         return False
     real = os.path.realpath(p)
-    if os.path.commonpath([real, root]) != root or inside(real, ignored):
+    if not inside(real, [root]) or inside(real, ignored):
         return False
     try:
         fd, st = open_regular(real, follow=False)
@@ -84,8 +84,8 @@ class _Handler(FileSystemEventHandler):
         if event.event_type in ("moved", "deleted"):  # the old path is gone (repository context forgets it)
             old = os.fsdecode(event.src_path)
             where = os.path.realpath(os.path.dirname(old))
-            if not any(part in IGNORED_DIRS for part in Path(old).parts) and os.path.commonpath(
-                    [where, self.root]) == self.root and not inside(where, self.ignored):
+            if not any(part in IGNORED_DIRS for part in Path(old).parts) and inside(where, [self.root]) \
+                    and not inside(where, self.ignored):
                 self.callback(old)
             if event.event_type == "deleted":
                 return

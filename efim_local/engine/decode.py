@@ -55,17 +55,16 @@ class Decoder:
     """Drives ``llama_decode`` for one slot at a time (the engine thread only)."""
 
     def __init__(self, model: Model, ctx: Context, batch: Batch, slots: SlotManager, stop_tokens: frozenset[int],
-                 policy: Policy | None = None, links: Links = Links(), drafting: bool = True,
-                 greedy: Sampler | None = None):
+                 policy: Policy | None = None, links: Links = Links(), drafting: bool = True):
         """``policy``: the drafts' knobs and the clock that times batches (the speed, interrupts);
-        ``links``: what it asks of its engine; ``drafting``: whether greedy generations verify drafts;
-        ``greedy``: the greedy sampler every greedy generation shares (its owner frees it; default: one
-        of its own, freed when collected)."""
+        ``links``: what it asks of its engine; ``drafting``: whether greedy generations verify drafts."""
         self.policy = Policy() if policy is None else policy
         self.clock = self.policy.clock
         self.model, self.ctx, self.batch, self.slots = model, ctx, batch, slots
         self.stop_tokens = stop_tokens
-        self.greedy = Sampler() if greedy is None else greedy  # (stateless: one for all, no chain per request)
+        # The greedy sampler every greedy generation shares (stateless: no chain per request); its
+        # engine's ExitStack frees it (else it is freed when collected)
+        self.greedy = Sampler()
         self.observe, self.fit, self.predict_ms = links.observe, links.fit, links.predict_ms
         self.interruptible = False  # background work's prompt batches: a request stops them mid-batch
         self.batch_span: tuple[float, float] | None = None  # (start, expected end) of the interruptible batch

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from ..config import Config
 from ..kv import StateStore, StoreConfig
 from ..kv.fingerprint import layout_key, layout_params
-from ..llama import Batch, Context, Model, Sampler
+from ..llama import Batch, Context, Model
 from ..prompt import templates
 from ..prompt.healing import Healer
 from ..prompt.planner import FileSession, Plan, Planner, PlannerLimits, near_share
@@ -140,7 +140,8 @@ class Engine:
                       markers=self.template.markers,
                       free_cores=lambda: (self.cores.free, self.cores.cores) if self.cores else (1, 1))
         self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens, policy,
-                               links, drafting=config.drafts, greedy=stack.enter_context(Sampler()))
+                               links, drafting=config.drafts)
+        stack.enter_context(self.decoder.greedy)
         self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
         self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                            self.n_stream, self.swa)

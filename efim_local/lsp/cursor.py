@@ -30,35 +30,38 @@ CURSOR = "efim/cursor"
 
 
 def settled(ls, args: Any) -> None:
-    """The cursor settled at ``position`` (the client's units) of document ``uri``; the daemon hears
-    of it unless it rests on the document's last known line. Nothing for a document out of step or
-    not enabled; a malformed one raises JsonRpcInvalidParams."""
+    """``efim/cursor``'s params checked (a malformed one raises JsonRpcInvalidParams), then ``rest``."""
     pos = args.get("position") if isinstance(args, dict) else None
     if not isinstance(args.get("uri") if isinstance(args, dict) else None, str) or not isinstance(pos, dict) \
             or not all(type(pos.get(k)) is int for k in ("line", "character")):
         raise JsonRpcInvalidParams("invalid params: expected {uri, position: {line, character}}")
-    doc = ls.docs.get(args["uri"])
+    rest(ls, args["uri"], pos["line"], pos["character"])
+
+
+def rest(ls, uri: str, line: int, units: int) -> None:
+    """The cursor settled at (``line``, ``units``: the client's) of document ``uri``; the daemon hears
+    of it unless it rests on the document's last known line. Nothing for a document out of step or
+    not enabled; one not open, or a position outside it, raises JsonRpcInvalidParams."""
+    doc = ls.docs.get(uri)
     if doc is None:
-        raise JsonRpcInvalidParams(f"invalid params: document not open: {args['uri']}")
+        raise JsonRpcInvalidParams(f"invalid params: document not open: {uri}")
     if ls.relay is None or not ls.settings.enabled(doc.language) or doc.editor_error or doc.daemon_error:
         return
     try:
-        line, col = doc.point(pos["line"], pos["character"], ls.conv)
+        line, col = doc.point(line, units, ls.conv)
     except EfimError as e:  # (a position outside the document)
         raise JsonRpcInvalidParams(one_line(e.message)) from None
     if line == doc.line:
         return
     doc.line = line
-    ls.relay.notify("cursor", {"path": fs_path(args["uri"]), "position": {"line": line, "character": col}},
-                    sync=True)
+    ls.relay.notify("cursor", {"path": fs_path(uri), "position": {"line": line, "character": col}}, sync=True)
 
 
 def document_highlight(ls, params: t.DocumentHighlightParams) -> None:
-    """``textDocument/documentHighlight``: the cursor rests at ``params.position`` (``settled``).
+    """``textDocument/documentHighlight``: the cursor rests at ``params.position`` (``rest``).
     No highlights: null."""
     try:
-        settled(ls, {"uri": params.text_document.uri,
-                     "position": {"line": params.position.line, "character": params.position.character}})
+        rest(ls, params.text_document.uri, params.position.line, params.position.character)
     except JsonRpcException as e:  # a client that asks for highlights expects no error from a cursor note
         log.warning("efim: %s", e)
     return None

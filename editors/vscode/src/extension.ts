@@ -74,10 +74,10 @@ function enabled(languageId: string): boolean {
   return langs.includes("*") || langs.includes(languageId);
 }
 
-// The cursor settled on another line (cursorDebounceMs after it moved): efim prefills the plan
-// anchored there while idle, so that the first keystroke there finds it cached (`efim/cursor`).
+// The cursor settled (cursorDebounceMs after it moved): efim prefills the plan anchored there while
+// idle, so that the first keystroke there finds it cached (`efim/cursor`; `efim lsp` passes it on
+// only when it rests on another line than the daemon last heard of).
 let cursorTimer: ReturnType<typeof setTimeout> | undefined;
-const cursorLine = new Map<string, number>(); // uri -> the line last sent
 
 function cursorMoved(e: vscode.TextEditorSelectionChangeEvent): void {
   const ms = settings().get<number>("cursorDebounceMs", 300);
@@ -87,17 +87,14 @@ function cursorMoved(e: vscode.TextEditorSelectionChangeEvent): void {
   }
   clearTimeout(cursorTimer);
   if (e.kind === undefined) {
-    // An edit moved it (typing, Enter, an accept): the keystroke's own request anchors there.
-    cursorLine.set(doc.uri.toString(), e.textEditor.selection.active.line);
-    return;
+    return; // an edit moved it (typing, Enter, an accept): the keystroke's own request anchors there
   }
   cursorTimer = setTimeout(() => {
     const pos = e.textEditor.selection.active;
     const uri = doc.uri.toString();
-    if (!client?.isRunning() || doc.isClosed || cursorLine.get(uri) === pos.line) {
+    if (!client?.isRunning() || doc.isClosed) {
       return;
     }
-    cursorLine.set(uri, pos.line);
     client
       .sendNotification("efim/cursor", { uri, position: { line: pos.line, character: pos.character } })
       .catch((err) => log.appendLine(`efim/cursor: ${err}`));
@@ -186,7 +183,6 @@ async function start(): Promise<void> {
   client.registerProposedFeatures(); // inline completion (LSP 3.18) is still "proposed" in vscode-languageclient 10
   status.text = "$(sync~spin) efim: starting";
   sent.clear(); // a new server (and maybe daemon): send every file's definitions again
-  cursorLine.clear(); // and where the cursor is
   try {
     await client.start();
   } catch (e) {
@@ -292,7 +288,6 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     }),
     vscode.window.onDidChangeActiveTextEditor((e) => void sendDefinitions(e?.document)),
     vscode.window.onDidChangeTextEditorSelection(cursorMoved),
-    vscode.workspace.onDidCloseTextDocument((doc) => cursorLine.delete(doc.uri.toString())),
     vscode.workspace.onDidSaveTextDocument((doc) => void sendDefinitions(doc)),
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (e.affectsConfiguration("efim.path") || e.affectsConfiguration("efim.socket")) {
