@@ -199,7 +199,9 @@ class Reuse:
         if m is None or m.n < n_common + self.policy.restore_min_gain:
             miss = Miss(found.miss_reason or "no_state")
             if tier != "slot" and miss.reason in PROBLEMS:  # a counter that counts a problem says where, and why
-                log.warning("%s: no saved state restored: %s", path, PROBLEMS[miss.reason])
+                # (a moved anchor is routine: the state that is saved next serves it; a bad file is not)
+                level = logging.WARNING if miss.reason == "corrupt" else logging.INFO
+                log.log(level, "%s: no saved state restored: %s", path, PROBLEMS[miss.reason])
             store.record(Hit("slot") if tier == "slot" else miss)
             return keep
         n = len(m.tokens) if self.swa else min(m.n, len(prompt) - 1)

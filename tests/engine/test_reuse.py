@@ -1,5 +1,6 @@
 """The reuse seam: typed hit and miss events, counted by the store and reported."""
 
+import logging
 import os
 
 from efim_local.engine import CompletionRequest, Engine
@@ -13,6 +14,7 @@ DOC = "import os\n\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):
 def test_same_text_planned_into_other_tokens_is_a_tokenization_miss(tmp_path, tiny_model, caplog):
     """The content hash saved with each state tells 'tokenization_differs' from 'no_state', and the
     log says which file, and why."""
+    caplog.set_level(logging.INFO, "efim")  # (a routine miss: said at INFO, the daemon's log level)
     sc = StoreConfig(tmp_path / "kv", ram_mb=0, disk_mb=64, min_tokens=16)
     cur = DOC.index("yield")
     with Engine(small_config(), tiny_model, store=sc) as e:  # the GGUF's FIM tokens
@@ -25,9 +27,9 @@ def test_same_text_planned_into_other_tokens_is_a_tokenization_miss(tmp_path, ti
         assert other.cache_tier == "none"
         misses = e.store.stats()["misses"]
         assert misses["tokenization_differs"] == 1 and misses["no_state"] == 2, misses
-    said = [r.getMessage() for r in caplog.records if "no saved state restored" in r.getMessage()]
-    assert said == ["walk.py: no saved state restored: the same text was saved, planned into other tokens (an "
-                    "anchor that moved: this version starts cold, its own state is saved)"]
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "no saved state restored" in r.getMessage()]
+    assert said == [("INFO", "walk.py: no saved state restored: the same text was saved, planned into other tokens (an "
+                    "anchor that moved: this version starts cold, its own state is saved)")]
 
 
 def test_a_state_in_another_process_ram_is_no_corrupt_state(tmp_path, tiny_model, caplog):
