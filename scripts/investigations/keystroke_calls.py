@@ -11,7 +11,10 @@ on the engine thread's stack; then, for 5 s of the idle work that follows, that 
 unprofiled, 30 such keystrokes: the milliseconds each costs outside ``llama_decode`` (Python: the
 client's round trips for the edit and the request, less the decodes' time).
 
-    PYTHONPATH=. .venv/bin/python scripts/investigations/keystroke_calls.py [-v] [-t] [--request]
+    PYTHONPATH=. .venv/bin/python scripts/investigations/keystroke_calls.py [-v] [-a] [-t] [--request]
+
+``-v``: every function, by thread; ``-a``: the daemon's side from the request's bytes to the reply's
+send (its threads, not the client's), by file; ``-t``: each timed keystroke.
 
 ``--request``: trace the request alone, 1 s after its edit (the edit's own work, and the answer the
 daemon begins at the keystroke, done by then): the way issue 40's review seems to have counted.
@@ -43,6 +46,8 @@ recording = False
 unhook = False  # set before the timing: every thread then drops the profile hook at its next call
 idle = False  # after the answer: only the nesting at each decode of the idle work that follows
 idle_nesting: list[int] = []
+first_seen: dict = {}  # (file, function) -> (order of its first call, thread name)
+replied_at: int | None = None  # that order at the reply's send (what follows it is after the answer)
 REPEAT = 30
 calls: dict[str, set] = defaultdict(set)  # thread name -> {(file, function)}
 before_decode: set = set()
@@ -59,7 +64,7 @@ def generators(frame) -> int:
 
 
 def profile(frame, event, arg):
-    global decoded
+    global decoded, replied_at
     if unhook:  # (each thread takes its own hook off: threading.setprofile(None) only reaches new ones)
         sys.setprofile(None)
         return
@@ -71,7 +76,11 @@ def profile(frame, event, arg):
         if key == ("llama/context.py", "Context.decode"):
             idle_nesting.append(generators(frame.f_back))
         return
-    calls[threading.current_thread().name].add(key)
+    name = threading.current_thread().name
+    calls[name].add(key)
+    first_seen.setdefault(key, (len(first_seen), name))
+    if key == ("daemon/framing.py", "Connection.send") and replied_at is None:
+        replied_at = first_seen[key][0]
     if key == ("llama/context.py", "Context.decode"):
         decoded = True
         nesting.append(generators(frame.f_back))
@@ -154,10 +163,18 @@ with Client(tmp / "efim.sock", timeout=120) as c:
 server.stop()
 engine_thread = next((n for n in calls if "engine" in n.lower()), None)
 everything = set().union(*calls.values())
+# The daemon's side: its threads (not the client's, MainThread), from the request's bytes to the
+# reply's send; a comprehension, generator expression or lambda is a code object of its own.
+served = {k for k, (i, name) in first_seen.items() if name != "MainThread" and (replied_at is None or i <= replied_at)}
+inline = {k for k in served if k[1].rsplit(".", 1)[-1] in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>",
+                                                          "<lambda>")}
 report = {
     "answer": {k: out.get(k) for k in ("source", "cache_tier", "tokens")},
     "distinct_functions": len(everything), "files": len({f for f, _ in everything}),
     "per_thread": {n: len(s) for n, s in calls.items()},
+    "daemon_socket_to_reply": len(served), "of_them_comprehensions_and_lambdas": len(inline),
+    "daemon_files_socket_to_reply": len({f for f, _ in served}),
+    "daemon_after_reply": sum(1 for k, (i, n) in first_seen.items() if n != "MainThread" and k not in served),
     "engine_thread": engine_thread,
     "before_first_decode": len(before_decode), "files_before_first_decode": len({f for f, _ in before_decode}),
     "decodes": len(nesting), "max_generator_nesting": max(nesting, default=0),
@@ -166,6 +183,12 @@ report = {
     "python_ms_per_keystroke_min": round(min(overhead), 2),
 }
 print(json.dumps(report, indent=1))
+if "-a" in sys.argv:  # the daemon's side to the reply, by file (what each area of the product adds)
+    by_file = defaultdict(list)
+    for f, q in served:
+        by_file[f].append(q)
+    for f in sorted(by_file, key=lambda f: (-len(by_file[f]), f)):
+        print(f"{len(by_file[f]):3d}  {f}: {', '.join(sorted(by_file[f]))}")
 if "-v" in sys.argv:
     for n, s in calls.items():
         print(f"\n{n}:")
