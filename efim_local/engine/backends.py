@@ -90,7 +90,7 @@ class Replicas:
             return None
         engine = self.engine
         rules = answer_rules(engine.model, engine.template.markers, rules, prompt, ro.heal)
-        return (yield from self.steps.run_steps(prompt, how, ro, rules))
+        return (yield self.steps.run_steps(prompt, how, ro, rules))
 
     def peek(self, tokens) -> int:
         """How much of ``tokens`` some replica's slot is expected to serve from its cache."""

@@ -24,6 +24,7 @@ from ..request import CompletionRequest, Options
 from ..prompt.windows import text_end
 from .decode import PREFILL, SHOWN
 from .run import PROBE, RunOptions, stage_ends
+from .steps import Steps
 from .tokenizing import interruptible_planning
 
 log = logging.getLogger("efim.engine")
@@ -68,12 +69,12 @@ class Growth:
             nearest = self.nearest_plan(planner, full, partial, near)
             if nearest is not None:  # and before it the nearest window's: under a second (too small for stages,
                 # each of which would take a slot of its own)
-                yield from self.staged_steps(planner, session, nearest, ro, 0, leave=True)
-            grown = yield from self.staged_steps(planner, session, near, ro, len(partial.suffix_tokens), leave=True)
+                yield self.staged_steps(planner, session, nearest, ro, 0, leave=True)
+            grown = yield self.staged_steps(planner, session, near, ro, len(partial.suffix_tokens), leave=True)
             # Then the window grows at least as long before another near plan starts (a cursor that
             # jumps every few seconds would otherwise spend all growth on near plans, never the window).
             state.near_until = engine.policy.clock() + engine.speed.predict_ms(len(grown), 0) / 1000
-        tokens = yield from self.staged_steps(planner, session, full, ro, len(partial.suffix_tokens))
+        tokens = yield self.staged_steps(planner, session, full, ro, len(partial.suffix_tokens))
         if partial.same_place(session.anchor):  # nothing re-anchored the file meanwhile (a keystroke may have
             # taken part of the growth: the same anchor, trimmed less)
             log.debug("%s: grown to the full plan (%d tokens)", path, len(tokens))
@@ -96,11 +97,11 @@ class Growth:
         tokens = planner.stable_tokens(session.layout, anchor, session.typed)
         refresh = replace(ro, keep=tokens[:len(planner.stable_tokens(session.layout, anchor))])
         for stage in self.stages(planner, session, anchor, tokens, first):
-            out = yield from engine.runner.run_steps(stage, Options(max_tokens=0), refresh)
+            out = yield engine.runner.run_steps(stage, Options(max_tokens=0), refresh)
             engine.slots.slots[out.slot].idle = False
             self.stage_done(ro.path)
             yield PREFILL  # a step ends between two stages too (the next begins with a batch of its own)
-        out = yield from engine.runner.run_steps(tokens, Options(max_tokens=0), ro)
+        out = yield engine.runner.run_steps(tokens, Options(max_tokens=0), ro)
         if leave:
             engine.slots.slots[out.slot].idle = False
         self.stage_done(ro.path)
@@ -198,8 +199,8 @@ class Growth:
         engine = self.engine
         req = CompletionRequest(text, cursor, path=path, max_tokens=0)
         ro = RunOptions(should_stop=should_stop, chunk=self.idle_chunk, idle=True, job="warm")
-        yield from engine.runner.complete_steps(req, ro)
-        yield from self.grow_steps(path, should_stop)
+        yield engine.runner.complete_steps(req, ro)
+        yield self.grow_steps(path, should_stop)
 
     def warm_steps(self, path: str, text: str, cursor: int | None, should_stop):
         """:meth:`prefill_steps`, tokenizing interruptibly (a request never waits for the tokenizer).
@@ -207,9 +208,9 @@ class Growth:
         engine = self.engine
         with interruptible_planning(engine.planner, should_stop):
             if cursor is None:
-                yield from self.top_steps(path, text, should_stop)
+                yield self.top_steps(path, text, should_stop)
             else:
-                yield from self.prefill_steps(path, text, cursor, should_stop)
+                yield self.prefill_steps(path, text, cursor, should_stop)
 
     def top_steps(self, path: str, text: str, should_stop=None, lead: tuple[int, ...] | None = None):
         """A file opened before any cursor is known: compute the head that every plan on the file's first
@@ -226,7 +227,7 @@ class Growth:
         prefix = prefix[:space * 3 // 4]
         if prefix:
             ro = RunOptions(path=path, should_stop=should_stop, chunk=self.idle_chunk, idle=True, job="warm")
-            yield from engine.runner.run_steps(planner.head_tokens(tuple(prefix)), Options(max_tokens=0), ro)
+            yield engine.runner.run_steps(planner.head_tokens(tuple(prefix)), Options(max_tokens=0), ro)
 
     def calibrate_steps(self, should_stop=None, n: int = 64):
         """Measure prefill speed (for the latency budget) over ``4 * n`` tokens in chunks of ``n``, at
@@ -327,7 +328,7 @@ class Alongside:
         if self.steps is None:
             if not self.engine.slots.free() or not self.growth.reduced(self.path):
                 return  # (no slot without a request in it: nowhere to grow)
-            self.steps = self.growth.grow_steps(self.path, self.stop, light=True)
+            self.steps = Steps(self.growth.grow_steps(self.path, self.stop, light=True))
         deadline = t + self.growth.riding_s()
         try:
             while self.clock() < deadline and not self.stop():
@@ -357,6 +358,7 @@ class Alongside:
 
 def drive_riding(steps, ride: Alongside):
     """Run a request's steps to the end, growing alongside after each token that showed text."""
+    steps = Steps(steps)
     try:
         while True:
             try:

@@ -16,6 +16,7 @@ from ..prompt.healing import Healer
 from . import drafts
 from .policy import Policy
 from .slots import Slot, SlotManager
+from .steps import drive
 from .stream import StopRules, TextStream
 
 
@@ -362,12 +363,3 @@ class GenSpec:
     heal: bytes = b""
     known: Sequence[int] = ()
     trail: list[int] | None = None
-
-
-def drive(steps):
-    """Run a generator of steps to its end; its return value."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value

@@ -27,7 +27,8 @@ from . import background, tokenizing
 from .backends import Local, Replicas
 from .completion import Completion
 from .cpu import FreeCores
-from .decode import Decoder, Links, drive
+from .decode import Decoder, Links
+from .steps import drive
 from .files import Files
 from .instant import Instant, Trail, model_key
 from .models import KIND_FRAGMENT, choose_layout, model_kind
@@ -341,7 +342,9 @@ class Engine:
 
     def ahead(self, path: str, should_stop=None, limit: int | None = None, typed: int | None = None) -> None:
         """Extend the greedy continuation of ``path``'s last answer (Trail.ahead_steps)."""
-        drive(self.trail.ahead_steps(path, should_stop, limit, typed) or iter(()))
+        steps = self.trail.ahead_steps(path, should_stop, limit, typed)
+        if steps is not None:  # (None: nothing to extend)
+            drive(steps)
 
     def calibrate(self, should_stop=None) -> None:
         """Measure the prefill speed and build the healer's index (Growth.calibrate_steps)."""

@@ -93,7 +93,7 @@ class RemoteSteps:
         while heal and reason is None and run.n_gen < rules.max_tokens and heal_grammar(heal) is not None:
             got: list[int] = []
             sampling = Sampling(n_predict=1, seed=how.seed, grammar=heal_grammar(heal))
-            out = yield from self._call_steps(tokens, sampling, ro, run, lambda c, got=got: got.extend(c.ids))
+            out = yield self._call_steps(tokens, sampling, ro, run, lambda c, got=got: got.extend(c.ids))
             if out is None:
                 return None
             if not got:
@@ -103,7 +103,7 @@ class RemoteSteps:
         if reason is None and (run.n_gen < rules.max_tokens or ro.idle):
             sampling = Sampling(n_predict=0 if ro.idle else rules.max_tokens - run.n_gen, temperature=how.temperature,
                                 top_k=how.top_k, top_p=how.top_p, seed=how.seed, ignore_eos=how.ignore_eog)
-            out = yield from self._call_steps(tokens, sampling, ro, run, lambda c: self._chunk(how, ro, run, c))
+            out = yield self._call_steps(tokens, sampling, ro, run, lambda c: self._chunk(how, ro, run, c))
             if out is None:
                 return None
             reason, end = out

@@ -55,7 +55,7 @@ class RepoBuild:
         if project is None or not engine.backend.local_kv or not repo.stale(path):
             return  # (replicas hold no local KV to keep a lead in)
         try:
-            ctx = yield from wait(repo.built(project), should_stop)
+            ctx = yield wait(repo.built(project), should_stop)
         except Cancelled:
             raise
         except Exception as e:  # noqa: BLE001 - an unreadable project: file-only plans
@@ -68,7 +68,7 @@ class RepoBuild:
             return
         stamp = repo.stamp(project, path, text)
         extra = tuple((r, line) for p, line in stamp.defs if (r := repo.rel(project, p)) is not None)
-        t0, t1 = yield from wait(repo.pool.submit(lambda: (ctx.t0(), ctx.t1(rel, text, extra))), should_stop)
+        t0, t1 = yield wait(repo.pool.submit(lambda: (ctx.t0(), ctx.t1(rel, text, extra))), should_stop)
         t2 = project.recent.tier(stamp.recent, repo.open_text, lambda p: repo.rel(project, p))
         lead = repo.render(project, t0, t1, rel, t2, stamp)
         repo.remember(path, lead, project, t0, t1, rel)
@@ -77,7 +77,7 @@ class RepoBuild:
             # A file opened, no request yet: warm its top after the lead, so that its first request, which
             # adopts a lead whose KV is at hand (adopt()), finds it, and its prefix's head after it.
             with interruptible_planning(engine.planner, should_stop):  # a request never waits for the tokenizer
-                yield from engine.growth.top_steps(path, text, should_stop, lead=lead.tokens)
+                yield engine.growth.top_steps(path, text, should_stop, lead=lead.tokens)
             return
         if session.lead == lead.tokens:
             return
@@ -85,7 +85,7 @@ class RepoBuild:
         head = (*bos, *lead.tokens[:lead.t0])
         if project.t0_done != lead.t0_digest:  # the T0 head alone: its own saved state, shared by every file
             if engine.reuse.peek(np.asarray(head, dtype=np.int32)) < len(head):
-                yield from engine.runner.run_steps(head, Options(max_tokens=0), RunOptions(
+                yield engine.runner.run_steps(head, Options(max_tokens=0), RunOptions(
                     path=f"repo-t0:{project.root}", should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True,
                     job="repo"))
             project.t0_done = lead.t0_digest
@@ -102,7 +102,7 @@ class RepoBuild:
             repo.mark_unfit(path, lead)
             return
         tokens = planner.stable_tokens(session.layout, new, session.typed)
-        yield from engine.runner.run_steps(tokens, Options(max_tokens=0), RunOptions(
+        yield engine.runner.run_steps(tokens, Options(max_tokens=0), RunOptions(
             path=path, should_stop=should_stop, chunk=engine.growth.idle_chunk, idle=True, job="repo"))
         if engine.files.get(path) is not f or f.session is not session or session.anchor is not old:
             raise Cancelled()  # re-anchored meanwhile: again when idle (what was prefilled stays in its slot)

@@ -2,7 +2,8 @@
 
 Each ``*_steps`` method of the engine's :class:`Runner` is a generator of steps (``decode.PREFILL``,
 ``TOKEN``, ``SHOWN``) that returns its result: the scheduler (``scheduler.py``) decides which work
-takes the next step; ``drive()`` runs one to its end (the library API, tests).
+takes the next step; ``steps.drive()`` runs one to its end (the library API, tests). A job runs another's
+steps by yielding it (``out = yield self.run_steps(...)``: ``steps.Steps``), not nested in it.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class Runner:
         rules = StopRules(max_tokens=min(max_tokens, room), stop_at_newline=how.stop_at_newline,
                           max_lines=how.max_lines, stop_strings=engine.template.stop_strings, closers=ro.closers,
                           type_over=how.type_over)
-        out = yield from engine.backend.run_steps(prompt, how, ro, rules)  # replicas first (backends.py)
+        out = yield engine.backend.run_steps(prompt, how, ro, rules)  # replicas first (backends.py)
         if out is not None:
             return out  # else it runs here: no replicas, a cold run, or every replica failed
         keep = None if ro.keep is None else np.asarray(ro.keep, dtype=np.int32)
@@ -191,7 +192,7 @@ class Runner:
                         idle=ro.idle, job=ro.job, chunk=ro.chunk, should_stop=ro.should_stop, on_text=ro.on_text,
                         trail=shown.ids if shown is not None else None)
         try:
-            out = yield from self.run_steps(tokens, req.how, ro)
+            out = yield self.run_steps(tokens, req.how, ro)
         except Cancelled as e:
             # Say what it planned (benchmarks score it), and how far it got if it was generating.
             e.data = {**(e.data if isinstance(e.data, dict) else {}), "context": context, "reanchor": plan.reanchor}
@@ -219,7 +220,7 @@ class Runner:
         new = engine.instant.remember(req.path, Shown(req.text, req.cursor, th.tokens, th.heal, th.closers,
                                                       list(th.known), max_tokens=engine.max_tokens(req.how),
                                                       checkpoint=s.checkpoint, context=dict(s.context)))
-        out = yield from self.run_steps(th.tokens, req.how, RunOptions(
+        out = yield self.run_steps(th.tokens, req.how, RunOptions(
             path=req.path, t0=t0, checkpoint=s.checkpoint, heal=th.heal, closers=th.closers, chunk=ro.chunk,
             should_stop=ro.should_stop, on_text=ro.on_text, known=th.known, trail=new.ids))
         out.source, out.layout, out.context = th.source, "efim", dict(s.context)

@@ -37,6 +37,7 @@ from .background import Alongside
 from .decode import PREFILL, SHOWN
 from .followup import FollowUp
 from .run import RunOptions
+from .steps import Steps
 from .tasks import BackgroundQueue, BackgroundTask, RequestTask
 
 log = logging.getLogger("efim.engine")
@@ -292,8 +293,8 @@ class Scheduler:
                 self.last_path = task.request.path
                 t0 = self.clock()
                 task.ride = Alongside(self.engine, task.request.path, t0, task.cancelled.is_set, self.waits)
-                task.steps = self.engine.runner.complete_steps(task.request, RunOptions(
-                    on_text=task.on_text, should_stop=task.cancelled.is_set))
+                task.steps = Steps(self.engine.runner.complete_steps(task.request, RunOptions(
+                    on_text=task.on_text, should_stop=task.cancelled.is_set)))
             kind = next(task.steps)
         except StopIteration as done:
             self._spend(task.phase, t)
@@ -358,9 +359,10 @@ class Scheduler:
             self.engine.interruptible(True)  # under the lock: a request queued from now on stops it
         try:
             if task.steps is None:
-                task.steps = task.fn(self.engine, self.waits)
-                if task.steps is None:
+                job = task.fn(self.engine, self.waits)
+                if job is None:
                     raise StopIteration
+                task.steps = Steps(job)
             next(task.steps)
         except StopIteration:
             self.background.drop()

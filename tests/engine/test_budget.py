@@ -419,7 +419,7 @@ def test_a_file_opened_without_a_cursor_warms_its_top(engine, reference):
     """Opened before any cursor is known, a file bigger than a slot is warmed from its top (the head
     of every plan on its first window), not at its end (another window): a request in the first
     window then finds its prefix cached, and its answer equals its plan computed cold."""
-    from efim_local.engine.decode import drive
+    from efim_local.engine.steps import drive
 
     text, path = "".join(DOCS), "opened.py"  # about three slots' worth
     engine.forget(path)

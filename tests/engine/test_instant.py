@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efim_local.engine import CompletionRequest, Engine
+from efim_local.engine.steps import Steps
 from efim_local.engine.stream import typed_over
 from efim_local.prompt.windows import MAX_CLOSERS, line_closers
 from efim_local.request import Options
@@ -153,7 +154,7 @@ def test_a_stage_of_growth_makes_the_next_keystroke_take_it_rather_than_type_thr
     instead, and answers as that plan computed cold."""
     engine = slow
     doc, cur, path, out = reduced_answer(engine, "staged")
-    steps = engine.growth.grow_steps(path)
+    steps = Steps(engine.growth.grow_steps(path))
     while path in engine.instant.shown:  # idle time, until a stage is computed
         next(steps)
     steps.close()
@@ -217,7 +218,7 @@ def test_the_trail_keeps_a_lead_past_what_was_typed(engine):
     """``limit`` counts from the trail's tokens the user typed (``typed``; default: the answer's), not
     from the trail's end: neither a keystroke that types on it nor a restarted task lengthens it each
     time. A keystroke computes ``typed`` from what its text covers (``Runner.keystroke_steps``)."""
-    from efim_local.engine.decode import drive
+    from efim_local.engine.steps import drive
 
     lead = engine.policy.ahead_cancelled
     for i, at in [(i, at) for i in range(2, 6) for at in range(1200, 2500, 100)]:

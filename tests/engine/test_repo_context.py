@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from efim_local.engine import CompletionRequest, Engine
-from efim_local.engine.decode import drive
+from efim_local.engine.steps import drive
 from efim_local.engine.repoctx import LEAD_S
 from efim_local.repo.discover import imports_fingerprint
 from efim_local.repo.leads import CHARS_PER_TOKEN

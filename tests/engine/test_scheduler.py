@@ -7,7 +7,7 @@ import time
 import pytest
 
 from efim_local.engine import CompletionRequest, Engine
-from efim_local.engine.decode import drive
+from efim_local.engine.steps import Steps, drive
 from efim_local.engine.scheduler import Scheduler
 from efim_local.engine.tasks import RequestTask
 from efim_local.errors import Busy, Cancelled, InternalError
@@ -337,7 +337,7 @@ def test_a_request_stops_a_background_prompt_batch_inside_it(scheduler, engine, 
     req = request(5, 800, 4)
 
     def task(engine, should_stop):
-        steps = engine.growth.prefill_steps(bg.path, bg.text, bg.cursor, lambda: False)
+        steps = Steps(engine.growth.prefill_steps(bg.path, bg.text, bg.cursor, lambda: False))
         n = 0
         try:
             while True:

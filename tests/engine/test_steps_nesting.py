@@ -1,0 +1,83 @@
+"""Generators nest at most three deep anywhere (issue 40): at every ``llama_decode`` of a real
+daemon's work (a file opened, the cursor's prefill and its growth, keystrokes with their requests,
+the answers begun at them, growth riding along and idle), the engine thread's stack holds at most two
+generator frames (a job's and the decoder's: engine/steps.py), however deep the jobs go."""
+
+import inspect
+import sys
+import threading
+
+from efim_local.daemon.client import Client
+from efim_local.daemon.server import Server
+from efim_local.engine import Engine
+from efim_local.engine.speed import PrefillSpeed
+from efim_local.engine.steps import Steps
+from efim_local.llama.context import Context
+
+from tests.helpers import small_config, sources, wait_until
+
+
+def at_decode(frame) -> tuple[int, tuple[str, ...]]:
+    """(generator frames on the stack, the jobs of the Steps being run: outermost first)."""
+    depth, jobs = 0, ()
+    while frame is not None:
+        depth += bool(frame.f_code.co_flags & inspect.CO_GENERATOR)
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == "_resume" else None
+        if isinstance(owner, Steps) and not jobs:
+            jobs = tuple(owner.jobs)
+        frame = frame.f_back
+    return depth, jobs
+
+
+def test_generators_nest_at_most_two_deep_at_every_decode(tmp_path, tiny_model, monkeypatch):
+    seen: list[tuple[int, tuple[str, ...]]] = []
+    plain = Context.decode
+
+    def decode(self, *a, **kw):
+        seen.append(at_decode(sys._getframe(1)))
+        return plain(self, *a, **kw)
+
+    monkeypatch.setattr(Context, "decode", decode)
+    # A latency budget that binds (a fixed, slow speed): plans are reduced, and growth runs.
+    engine = Engine(small_config(n_ctx_seq=2048, max_prompt_ms=40.0, grow_share=0.5), tiny_model)
+    engine.speed = PrefillSpeed.fixed(0.5)
+    server = Server(tmp_path / "efim.sock", watch=False)
+    server.bind()
+    server.attach(engine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    text = sources()[3][:6000]
+    try:
+        with Client(server.sock_path, timeout=120) as c:
+            def idle() -> bool:
+                s = c.call("status")
+                return s["idle_tasks"] == 0 and s["queued"] == 0
+
+            c.call("didOpen", {"path": "a.py", "text": text, "version": 1})
+            wait_until(idle, 120, "the open's prefill")
+            c.call("cursor", {"path": "a.py", "offset": 3000})
+            wait_until(idle, 120, "the cursor's prefill and growth")
+            at, version = 3000, 1
+            for ch in "def f(x):":  # keystrokes: an edit, then its request
+                version += 1
+                c.call("didChange", {"path": "a.py", "version": version, "contentChanges": [
+                    {"range": {"start": pos(text, at), "end": pos(text, at)}, "text": ch}]})
+                text, at = text[:at] + ch + text[at:], at + 1
+                assert "text" in c.call("complete", {"path": "a.py", "offset": at, "version": version})
+            wait_until(idle, 120, "growth after typing")
+    finally:
+        server.stop()
+        thread.join(120)
+        engine.close()
+
+    assert seen and max(d for d, _ in seen) <= 2, sorted({s for s in seen if s[0] > 2})
+    stacks = {jobs for _, jobs in seen}
+    # The work above ran: an opened file's head, the cursor's plan and its growth's stages, requests.
+    assert {"Growth.warm_steps", "Runner.planned_steps"} <= {jobs[0] for jobs in stacks if jobs}, stacks
+    assert any("Growth.grow_steps" in jobs and "Growth.staged_steps" in jobs for jobs in stacks), stacks
+    assert max(map(len, stacks)) >= 4, stacks  # jobs four deep and more ran as data, not as frames
+
+
+def pos(text: str, at: int) -> dict:
+    line = text[:at].count("\n")
+    return {"line": line, "character": at - (text.rfind("\n", 0, at) + 1)}
