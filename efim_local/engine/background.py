@@ -25,7 +25,6 @@ from ..prompt.windows import text_end
 from .decode import PREFILL, SHOWN
 from .run import PROBE, RunOptions, stage_ends
 from .steps import Steps
-from .tokenizing import interruptible_planning
 
 log = logging.getLogger("efim.engine")
 
@@ -206,7 +205,7 @@ class Growth:
         """:meth:`prefill_steps`, tokenizing interruptibly (a request never waits for the tokenizer).
         No cursor (a file just opened): :meth:`top_steps`."""
         engine = self.engine
-        with interruptible_planning(engine.planner, should_stop):
+        with engine.tokenizer.stopping(should_stop):
             if cursor is None:
                 yield self.top_steps(path, text, should_stop)
             else:

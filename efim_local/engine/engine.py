@@ -56,7 +56,7 @@ def make_planner(model: Model, config: Config) -> tuple[templates.Template, Plan
     if template.source != "text":
         ends = tuple(t for t in range(model.n_vocab) if model.is_eog(t))
         template = templates.with_special_texts(template, lambda t: model.piece(t, special=True), ends)
-    planner = Planner(model.tokenize, template.markers, PlannerLimits(
+    planner = Planner(tokenizing.Tokenizer(model.tokenize), template.markers, PlannerLimits(
         n_ctx=config.context.n_ctx_seq, max_middle_tokens=config.max_middle_tokens,
         reserve_tokens=config.max_tokens), lift_indent=model_kind(model.meta) != KIND_FRAGMENT)
     return template, planner
@@ -85,6 +85,7 @@ class Engine:
             # vocabulary.
             self.backend = Local(self) if pool is None else Replicas(self, pool(self.model), self.local_model)
             self.template, self.planner = make_planner(self.model, config)
+            self.tokenizer = self.planner.tokenize  # (interruptible for idle work: ``stopping``)
             self.files = Files()
             ends = self._open_decoding(stack, model_path, store)
             self._open_parts(model_path, ends)
@@ -250,7 +251,7 @@ class Engine:
                 return
         self._near_sized_at = clock
         if share != now:
-            self.planner.near = share
+            self.planner = replace(self.planner, near=share)
             log.info("near window: %s", f"1/{share} of the room ({space // share} tokens)"
                      if share else "none (too slow for a near plan within its time)")
 

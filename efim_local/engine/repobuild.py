@@ -19,7 +19,6 @@ import numpy as np
 from ..errors import Cancelled, EfimError
 from ..prompt.planner import REPO_CONTEXT
 from ..request import Options
-from .tokenizing import interruptible_planning
 from .repoctx import RepoLeads
 from .run import RunOptions
 
@@ -76,7 +75,7 @@ class RepoBuild:
         if session is None or (session.anchor is None and session.lead != lead.tokens):
             # A file opened, no request yet: warm its top after the lead, so that its first request, which
             # adopts a lead whose KV is at hand (adopt()), finds it, and its prefix's head after it.
-            with interruptible_planning(engine.planner, should_stop):  # a request never waits for the tokenizer
+            with engine.tokenizer.stopping(should_stop):  # a request never waits for the tokenizer
                 yield engine.growth.top_steps(path, text, should_stop, lead=lead.tokens)
             return
         if session.lead == lead.tokens:

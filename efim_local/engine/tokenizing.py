@@ -84,12 +84,22 @@ def drain(timeout: float | None = None) -> None:
         t.join(timeout)
 
 
-@contextmanager
-def interruptible_planning(planner, should_stop):
-    """Within the block, ``planner`` tokenizes interruptibly (idle work only: the engine thread)."""
-    plain = planner.tokenize
-    planner.tokenize = interruptible(plain, should_stop)
-    try:
-        yield
-    finally:
-        planner.tokenize = plain
+class Tokenizer:
+    """The planner's tokenize (``make_planner``; every copy of the planner shares it): the model's, run
+    as :func:`interruptible` describes within :meth:`stopping` (idle work, on the engine thread), as it
+    is otherwise. It changes its own state only: nothing swaps the planner's function."""
+
+    def __init__(self, tokenize):
+        self.plain = self.run = tokenize
+
+    def __call__(self, text, *args, **kw):
+        return self.run(text, *args, **kw)
+
+    @contextmanager
+    def stopping(self, should_stop):
+        """Within the block, tokenizing polls ``should_stop`` (Cancelled when it says stop)."""
+        before, self.run = self.run, interruptible(self.plain, should_stop)
+        try:
+            yield
+        finally:
+            self.run = before

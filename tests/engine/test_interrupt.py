@@ -48,7 +48,7 @@ def test_a_second_call_waits_for_the_first_interruptibly(model):
     assert threading.active_count() < 50
 
 
-def test_engine_prefill_inside_interruptible_planning_stops_at_once(tmp_path, tiny_model):
+def test_engine_prefill_with_an_interruptible_tokenizer_stops_at_once(tmp_path, tiny_model):
     from efim_local.api import open_engine
 
     from tests.helpers import small_config
@@ -58,10 +58,10 @@ def test_engine_prefill_inside_interruptible_planning_stops_at_once(tmp_path, ti
         assert engine.planner.text_span() > 200_000
         stop_at = time.monotonic() + 0.05
         should_stop = lambda: time.monotonic() > stop_at  # noqa: E731
-        with pytest.raises(Cancelled), interrupt.interruptible_planning(engine.planner, should_stop):
+        with pytest.raises(Cancelled), engine.tokenizer.stopping(should_stop):
             engine.prefill("big.py", BIG, len(BIG) // 2, should_stop)
         assert time.monotonic() - stop_at < 0.5
-        assert engine.planner.tokenize == engine.model.tokenize  # restored
+        assert engine.planner.tokenize is engine.tokenizer and engine.tokenizer.run == engine.model.tokenize  # as before
         interrupt.drain()  # before the model is freed
 
 

@@ -7,7 +7,7 @@ and a decision that ignored the injected policy (a constant of its own, the real
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -400,11 +400,21 @@ def test_a_request_lets_a_starved_answers_growth_finish_its_batch(clock, policy)
 EIGHTH = 3200 // 8 + 3200 // 8 // 3  # tokens of an eighth's near plan on a room of 3,200 (its prefix, a third more)
 
 
+@dataclass
+class RoomOnly:
+    """A planner's room and near share (the engine sizes it by a copy: ``dataclasses.replace``)."""
+
+    room: int
+    near: int = 8
+
+    def space(self, reserve: int) -> int:
+        return self.room
+
+
 def sizer(policy: Policy, space: int = 3200) -> SimpleNamespace:
     """What Engine.size_near reads: the planner's room and near share, the speed, the policy."""
     return SimpleNamespace(policy=policy, backend=Local(None), _near_sized_at=None,
-                           config=SimpleNamespace(max_tokens=8),
-                           planner=SimpleNamespace(space=lambda reserve: space, near=8))
+                           config=SimpleNamespace(max_tokens=8), planner=RoomOnly(space))
 
 
 def test_the_near_window_shrinks_at_once_and_grows_back_after_near_resize_s(clock, policy):
