@@ -88,7 +88,7 @@ def run(cfg: DraftsConfig, log=print) -> dict:
             req = CompletionRequest(doc, cur, path=f"/bench/drafts/{i}.py")
             res = {}
             for drafted in ((False, True) if i % 2 == 0 else (True, False)):
-                eng.decoder.drafting = drafted
+                eng.decoder.draft(drafted)
                 v0 = eng.decoder.draft_stats.verifications
                 out = eng.complete(req)
                 res[drafted] = (out, eng.decoder.draft_stats.verifications - v0)

@@ -161,13 +161,11 @@ def status(as_json, **model_kw):
 
         cfg = build_config(**model_kw)
         from ..engine.reduction import help_text
-        from ..engine.speed import load_speed, speed_path
         from ..kv.settings import store_config
 
         with open_engine(cfg.with_overrides(store=False)) as engine:
-            if cfg.store and engine.backend.own_speed:  # the speed a daemon or an earlier run learned here
-                engine.speed = load_speed(speed_path(store_config(cfg).dir, engine.model.path,
-                                                     cfg.context), engine.policy) or engine.speed
+            if cfg.store:  # the speed a daemon or an earlier run learned here
+                engine.read_speed(store_config(cfg).dir)
             engine.status_report.measure_cores()  # nothing has decoded yet: a window of its own
             engine.fit_threads()  # the threads a first decode would take
             info = engine.status()

@@ -36,6 +36,8 @@ class Growth:
 
     def __init__(self, engine):
         self.engine = engine
+        # How long an idle chunk of the usual size takes (idle_chunk measures it; no local decoding: none).
+        self.patience_s = engine.config.idle_chunk_ms / 1e3 if engine.decoder is not None else 0.0
 
     # -- growth -----------------------------------------------------------------------------------
     def reduced(self, path: str | None) -> bool:
@@ -261,14 +263,14 @@ class Growth:
           ``engine.pace``; ``policy.window_share`` of it): while someone types, keys come every ~200 ms;
         - in a quiet spell, half the quiet so far (``policy.quiet_share``): a request that comes stops it
           anyway (``Engine.interrupt``).
-        Sets ``engine.patience_s``: the time of a chunk of the usual size."""
+        Notes ``patience_s``: the time of a chunk of the usual size."""
         engine = self.engine
         cap = engine.config.idle_chunk_tokens
         if not engine.speed.known:
             return cap
         base_ms = engine.config.idle_chunk_ms
         base = max(8, min(cap, engine.speed.max_new(base_ms, n_ctx)))
-        engine.patience_s = engine.speed.predict_ms(base, n_ctx) / 1e3
+        self.patience_s = engine.speed.predict_ms(base, n_ctx) / 1e3
         policy = engine.policy
         now = policy.clock()
         window_ms = engine.pace.window_s(now) * 1e3

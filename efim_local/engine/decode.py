@@ -94,6 +94,18 @@ class Decoder:
         are past."""
         self._stops_seen = self._stops_asked
 
+    def draft(self, on: bool) -> None:
+        """Whether greedy generations verify drafts from now on (``efim bench drafts`` compares both)."""
+        self.drafting = on
+
+    def batches_interruptible(self, on: bool) -> None:
+        """(The engine thread.) While ``on`` (background work runs), prompt batches stop at an interrupt
+        (llama.cpp's abort flag, or an ask to stop the next), the asks so far past."""
+        self.interruptible = on
+        if on:
+            self.arm()
+            self.ctx.clear_interrupt()
+
     def sampler(self, params: SamplerParams):
         """A generation's sampler, as a context manager: the shared greedy one at temperature 0, else
         a chain of its own, freed at the block's end."""

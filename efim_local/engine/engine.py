@@ -144,7 +144,6 @@ class Engine:
         self.decoder = Decoder(self.model, self.ctx, self.batch, self.slots, self.template.stop_tokens, policy,
                                links, drafting=config.drafts)
         stack.enter_context(self.decoder.greedy)
-        self.patience_s = config.idle_chunk_ms / 1e3  # how long an idle chunk of the usual size takes
         self.reuse = Reuse(self.ctx, self.slots, self.decoder, self.files, self.store, self.sparse,
                            self.n_stream, self.swa)
         self._learn_speed(store, model_path)
@@ -163,8 +162,8 @@ class Engine:
         """What every engine has, wherever its prompts are decoded: the objects that do its work, the
         answer cache and the trail, its default layout and healing."""
         config = self.config
-        self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan
-        self.active_at = 0.0  # policy.clock() of the latest foreground work (the scheduler's)
+        self.last_context = (0, 0)  # (tokens, full plan's) of the latest request's plan (note_context)
+        self.active_at = 0.0  # policy.clock() of the latest foreground work (mark_active)
         self.pace = Pace(self.policy)  # keystrokes and requests: when the next request can come (idle chunks' size)
         self.runner = Runner(self)  # requests as steps: the budget's plan, the slot, prefill, generation
         self.growth = background.Growth(self)  # work for requests to come: growth, prefill, idle chunks
@@ -187,6 +186,13 @@ class Engine:
                       or PrefillSpeed(policy=self.policy))
         self._saved_speed = self.speed.n
         self._near_sized_at: float | None = None  # when size_near last changed it (None: never sized)
+
+    def read_speed(self, store_dir) -> None:
+        """Take the speed a daemon or an earlier run saved in ``store_dir``, if any (an engine opened
+        without a store: ``efim status`` in-process)."""
+        if self.backend.own_speed:
+            path = speed_path(store_dir, self.model.path, self.config.context)
+            self.speed = load_speed(path, self.policy) or self.speed
 
     # -- lifetime -------------------------------------------------------------------------
     def _save_all(self) -> None:
@@ -278,8 +284,7 @@ class Engine:
     def complete(self, req: CompletionRequest, on_text=None, should_stop=None) -> Completion:
         """Plan and complete a request, growing its reduced plan alongside as the daemon does.
         ``on_text`` receives streamed text; ``should_stop()`` cancels (Cancelled)."""
-        self.active_at = self.policy.clock()
-        ride = background.Alongside(self, req.path, self.active_at, should_stop)
+        ride = background.Alongside(self, req.path, self.mark_active(), should_stop)
         steps = self.runner.complete_steps(req, RunOptions(on_text=on_text, should_stop=should_stop))
         return background.drive_riding(steps, ride)
 
@@ -298,16 +303,23 @@ class Engine:
         if want != (self.ctx.n_threads, self.ctx.n_threads_batch):
             self.ctx.set_threads(*want)
 
+    def mark_active(self) -> float:
+        """Foreground work runs now (a request's step, a call: the engine thread): idle chunks stay short
+        right after (Growth.idle_chunk). The time noted (``policy.clock``)."""
+        self.active_at = self.policy.clock()
+        return self.active_at
+
+    def note_context(self, used: int, full: int) -> None:
+        """The latest request planned ``used`` tokens of its ``full`` plan's (``interrupt`` reads it)."""
+        self.last_context = (used, full)
+
     def interruptible(self, on: bool) -> None:
         """While ``on`` (the scheduler runs background work), prompt batches stop at :meth:`interrupt`."""
-        self.decoder.interruptible = on
-        if on:
-            self.decoder.arm()
-            self.ctx.clear_interrupt()
+        self.decoder.batches_interruptible(on)
 
     def interrupt(self) -> None:
         """A request or a call came (any thread): an interruptible batch stops now, not at its end.
-        Unless little of it is left: less than half of it, and less than half of ``patience_s`` (a
+        Unless little of it is left: less than half of it, and less than half of ``Growth.patience_s`` (a
         chunk of the usual size; idle chunks grow in quiet spells, Growth.idle_chunk): finishing
         it wastes less than dropping it. And unless the latest answer had little context
         (``policy.starved``) and no more than ``patience_s`` is left: then every batch of growth is worth
@@ -315,7 +327,7 @@ class Engine:
         the full plan). Either way the next batch stops at once.
 
         It only asks (llama.cpp's abort flag, or the decoder's stop-next count) and reads the rest: the
-        engine thread notes the foreground work's time itself (``active_at``, Scheduler.run). The
+        engine thread notes the foreground work's time itself (``mark_active``, Scheduler.tick). The
         decision is taken here, not where the engine thread reads the ask: a batch in progress is in
         llama_decode, whose abort callback reads one byte."""
         now = self.policy.clock()
@@ -326,7 +338,8 @@ class Engine:
             wait = starved
         else:
             left, whole = span[1] - now, span[1] - span[0]
-            wait = left < (self.patience_s if starved else min(whole, self.patience_s) / 2)
+            patience = self.growth.patience_s
+            wait = left < (patience if starved else min(whole, patience) / 2)
         if wait:
             self.decoder.ask_stop_next()
             return

@@ -84,7 +84,6 @@ class RemoteEngine(Engine):
         self.slots, self.reuse = SlotManager(0), _NoReuse()
         self.swa, self.swa_strategy, self.n_stream = False, "remote", 0
         self.speed, self._saved_speed = PrefillSpeed(policy=self.policy), 0
-        self.patience_s = 0.0  # (no local batches: idle work never holds for a request)
         return self._ends
 
     @functools.cached_property

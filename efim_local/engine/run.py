@@ -162,7 +162,7 @@ class Runner:
         if plan.reduced:  # why, and the facts that made the budget bind (reduction.py)
             context["reduced_by"] = reduced_by(engine.speed, engine.cores, self.budget_ms(req.how), context)
         if not ro.idle:
-            engine.last_context = (context["tokens"], context["full_tokens"])  # (Engine.interrupt)
+            engine.note_context(context["tokens"], context["full_tokens"])
         if engine.repo is not None:  # the repository context before the prefix: tokens per tier (repoctx.py)
             context["repo"] = engine.repo.report(req.path)
         if plan.closers:

@@ -82,10 +82,8 @@ class Scheduler:
             for t in self.running:
                 if t.key == task.key:
                     t.cancelled.set()
-            if len(self.waiting) >= self.queue_size:
-                full = True
-            else:
-                full = False
+            full = len(self.waiting) >= self.queue_size
+            if not full:
                 self.waiting.append(task)
                 self._wake()
         for old in superseded:
@@ -201,7 +199,7 @@ class Scheduler:
             self._spend("held", self.held_at)
             self.held_at = None
         if kind != "background" and not (kind == "call" and item[2]):
-            self.engine.active_at = t  # foreground work (idle chunks stay short right after: background.py)
+            t = self.engine.mark_active()  # foreground work (idle chunks stay short right after: background.py)
             self._close_background()  # a request or a call comes first: background work goes on later
             for task in self.running:  # and growth riding along another request than the one stepped
                 if task is not item and task.ride is not None:
@@ -282,7 +280,7 @@ class Scheduler:
 
     def _step(self, task: RequestTask) -> None:
         """One step of a request: start it, or its next prefill batch or token."""
-        t = self.engine.active_at = self.clock()  # idle chunks stay short right after (background.py)
+        t = self.engine.mark_active()  # idle chunks stay short right after (background.py)
         kind = PREFILL
         try:
             if task.steps is None:
@@ -333,7 +331,7 @@ class Scheduler:
         grace = self.policy.idle_grace
         grace = 0.0 if self.engine.pace.window_s(now) > grace else grace
         self.save_at, self.idle_at = now + self.policy.save_delay, now + grace
-        self.engine.active_at = self.clock()
+        self.engine.mark_active()
         task.resolve(out, err)  # its callbacks (the reply) run here, their failures logged
         if self.follow is not None:  # (after the reply: it never waits for this)
             self.follow.after(task.request, err)
@@ -350,7 +348,8 @@ class Scheduler:
             if self.waits():
                 return  # foreground work came since the loop chose this
             now = self.clock()
-            need = 0.0 if task.for_request else self.engine.patience_s / self.policy.hold_share  # 0: never holds
+            usual = self.engine.growth.patience_s  # (an idle chunk's time; 0: never holds)
+            need = 0.0 if task.for_request else usual / self.policy.hold_share
             hold = self.engine.pace.hold_s(need, now)
             if hold > 0:  # a request is due before the smallest batch would end: it would stop it
                 self.idle_at = now + hold
@@ -359,8 +358,7 @@ class Scheduler:
             self.engine.interruptible(True)  # under the lock: a request queued from now on stops it
         try:
             if task.steps is None:
-                job = task.fn(self.engine, self.waits)
-                if job is None:
+                if (job := task.fn(self.engine, self.waits)) is None:
                     raise StopIteration
                 task.steps = Steps(job)
             next(task.steps)

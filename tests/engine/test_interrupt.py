@@ -110,7 +110,7 @@ def test_a_starved_answer_lets_growth_finish_its_batch(tiny_model):
             e.interrupt()
             return bool(e.ctx._stop[0]), e.decoder.stop_next
 
-        e.patience_s = 1.0  # batches of the usual size (idle chunks grow in quiet spells)
+        e.growth.patience_s = 1.0  # batches of the usual size (idle chunks grow in quiet spells)
         assert flag_after(100, 3000) == (False, True)  # starved: finish the batch, stop the next
         assert flag_after(e.policy.starved + 1, 3000) == (True, False)
         assert flag_after(100, 100) == (True, False)  # the whole plan: nothing to grow
@@ -120,7 +120,7 @@ def test_a_starved_answer_lets_growth_finish_its_batch(tiny_model):
         assert flag_after(100, 3000, (now - 0.1, now + 0.3)) == (False, True)  # starved
         # A batch grown in a quiet spell, 4x the usual: a request waits for at most half of a usual
         # batch (a quarter when starved, the whole usual batch)
-        e.patience_s = 0.2
+        e.growth.patience_s = 0.2
         now = _time.perf_counter()
         assert flag_after(2000, 3000, (now - 0.5, now + 0.3)) == (True, False)
         assert flag_after(2000, 3000, (now - 0.7, now + 0.05)) == (False, True)
@@ -141,12 +141,12 @@ def test_idle_chunks_grow_in_a_quiet_spell(tiny_model):
         e.speed = PrefillSpeed.fixed(5.0)  # 5 ms a token
         e.active_at = time.perf_counter()
         assert e.growth.idle_chunk(0) == 10
-        assert e.patience_s == pytest.approx(0.05)
+        assert e.growth.patience_s == pytest.approx(0.05)
         e.active_at -= 0.4  # 400 ms of quiet: chunks of about 200 ms
         assert 38 <= e.growth.idle_chunk(0) <= 40
         e.active_at -= 10
         assert e.growth.idle_chunk(0) == 64
-        assert e.patience_s == pytest.approx(0.05)  # the usual chunk's time, for Engine.interrupt
+        assert e.growth.patience_s == pytest.approx(0.05)  # the usual chunk's time, for Engine.interrupt
 
 
 def test_idle_chunks_fill_the_window_a_keystroke_opens(tiny_model):
@@ -165,6 +165,6 @@ def test_idle_chunks_fill_the_window_a_keystroke_opens(tiny_model):
         assert e.growth.idle_chunk(0) == 10  # no keystroke since the last request: the usual chunk
         e.pace.typed(time.perf_counter())
         assert 20 <= e.growth.idle_chunk(0) <= 27  # 90% of the ~150 ms left, 5 ms a token
-        assert e.patience_s == pytest.approx(0.05)
+        assert e.growth.patience_s == pytest.approx(0.05)
         e.pace.typed(time.perf_counter() - 0.13)  # 20 ms left: the usual chunk, never less
         assert e.growth.idle_chunk(0) == 10

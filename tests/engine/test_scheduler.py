@@ -270,10 +270,10 @@ def test_background_work_waits_for_a_request_that_is_due(scheduler, engine):
 
     rec, ran, req = Recorder(), [], request(3, 800, 2)
     run = lambda e, stop: ran.append((time.perf_counter(), "R" in rec.results))
-    old, patience = engine.pace, engine.patience_s
+    old, patience = engine.pace, engine.growth.patience_s
     engine.pace = taught(0.5, time.perf_counter())
     try:
-        engine.patience_s = 0.8  # a usual idle batch takes 800 ms: idle work holds 200 ms before a request
+        engine.growth.patience_s = 0.8  # a usual idle batch takes 800 ms: idle work holds 200 ms before a request
         key = time.perf_counter()
         engine.pace.typed(key)
         time.sleep(0.35)
@@ -295,7 +295,7 @@ def test_background_work_waits_for_a_request_that_is_due(scheduler, engine):
         wait_until(lambda: ran, TIMEOUT, "the held background task")
         assert key + 0.5 <= ran[0][0] < key + 0.5 + engine.policy.slack_s + 0.3
     finally:
-        engine.pace, engine.patience_s = old, patience
+        engine.pace, engine.growth.patience_s = old, patience
 
 
 def test_background_work_for_the_latest_request_goes_first(scheduler, engine):

@@ -44,3 +44,45 @@ def test_the_engine_asks_its_backend_not_whether_it_has_replicas():
              for i, line in enumerate(path.read_text("utf-8").splitlines(), 1)
              if "remote is None" in line or "remote is not None" in line or "engine.remote" in line]
     assert not found, f"branches on the engine's replicas; ask engine.backend instead: {found}"
+
+
+# The engine and the parts it builds: each changes its own state only (its methods), never another's
+# attributes from outside (no hooks or components swapped after construction: issue 40).
+PARTS = {"engine", "eng", "decoder", "planner", "tokenizer", "scheduler", "runner", "growth", "reuse", "backend",
+         "ctx", "model", "instant", "trail", "pace", "speed", "cores", "files", "store", "repo", "repo_build",
+         "status_report", "worker", "server"}
+
+
+def foreign_writes(path: Path) -> list[str]:
+    """``file:line`` of each assignment to an attribute of an object named as one of ``PARTS`` (not ``self``'s own)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        while targets:
+            t = targets.pop()
+            if isinstance(t, (ast.Tuple, ast.List)):
+                targets.extend(t.elts)
+            elif isinstance(t, ast.Attribute):
+                owner = t.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+                if name in PARTS:
+                    out.append(f"{path.name}:{node.lineno}")
+    return out
+
+
+# lsp/stdio.py's start_io stands in for pygls' LanguageServer.start_io, and sets what pygls' shutdown reads.
+PYGLS = {"stdio.py:190"}
+
+
+def test_nothing_assigns_to_the_engines_parts_from_outside():
+    serving = [p for p in sorted(ENGINE.parent.rglob("*.py")) if "training" not in p.parts]
+    found = [hit for path in serving for hit in foreign_writes(path) if hit not in PYGLS]
+    assert not found, f"assignments to another object's attributes (give it a method): {found}"
+
+
+def test_the_write_check_finds_them(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("def f(self, engine, slot):\n    self.x = 1\n    slot.phase = 2\n    engine.speed = 3\n"
+                   "    self.engine.active_at, y = 4, 5\n    self.decoder.n += 1\n")
+    assert foreign_writes(src) == ["mod.py:4", "mod.py:5", "mod.py:6"]

@@ -60,15 +60,17 @@ def teach(pace: Pace, clock: FakeClock, gap: float, n: int) -> None:
         clock.advance(1.0)
 
 
-def fake_engine(policy: Policy, ms_per_token: float = 5.0, **kw) -> SimpleNamespace:
+def fake_engine(policy: Policy, ms_per_token: float = 5.0, patience_s: float = 0.05, **kw) -> SimpleNamespace:
     """What idle chunks, the scheduler and interrupts read of an engine: its policy, the user's pace, a
-    fixed prefill speed, the idle chunk settings; no model."""
+    fixed prefill speed, the idle chunk settings, growth's ``patience_s``; no model."""
     e = SimpleNamespace(policy=policy, pace=Pace(policy), speed=PrefillSpeed.fixed(ms_per_token),
                         config=SimpleNamespace(idle_chunk_ms=50, idle_chunk_tokens=64, max_tokens=8),
-                        patience_s=0.05, active_at=0.0, interrupted=0, on=[],
-                        slots=SimpleNamespace(slots=[object()], free=lambda: []))
+                        active_at=0.0, interrupted=0, on=[], decoder=None,
+                        slots=SimpleNamespace(slots=[object()], free=lambda: []),
+                        growth=SimpleNamespace(patience_s=patience_s))
     e.interrupt = lambda: setattr(e, "interrupted", e.interrupted + 1)
     e.interruptible = e.on.append
+    e.mark_active = lambda: Engine.mark_active(e)
     e.__dict__.update(kw)
     return e
 
@@ -157,8 +159,9 @@ def test_an_idle_chunk_fills_the_window_before_the_next_request(clock, policy):
     e = fake_engine(policy)
     teach(e.pace, clock, 0.25, 8)
     e.active_at = clock()
-    assert Growth(e).idle_chunk(0) == 10  # no keystroke since the last request: the usual 50 ms
-    assert e.patience_s == 0.05
+    growth = Growth(e)
+    assert growth.idle_chunk(0) == 10  # no keystroke since the last request: the usual 50 ms
+    assert growth.patience_s == 0.05
     e.pace.typed()
     assert Growth(e).idle_chunk(0) == 45  # 0.9 * 250 ms
     clock.advance(0.125)
@@ -171,12 +174,13 @@ def test_an_idle_chunk_fills_the_window_before_the_next_request(clock, policy):
 
 def test_an_idle_chunk_grows_with_the_quiet(clock, policy):
     e = fake_engine(policy, active_at=clock())
-    assert Growth(e).idle_chunk(0) == 10
+    growth = Growth(e)
+    assert growth.idle_chunk(0) == 10
     clock.advance(0.25)
-    assert Growth(e).idle_chunk(0) == 25  # quiet_share (0.5) of 250 ms of quiet
+    assert growth.idle_chunk(0) == 25  # quiet_share (0.5) of 250 ms of quiet
     clock.advance(10)
-    assert Growth(e).idle_chunk(0) == 64  # idle_chunk_tokens at most
-    assert e.patience_s == 0.05  # the usual chunk's time, whatever the quiet
+    assert growth.idle_chunk(0) == 64  # idle_chunk_tokens at most
+    assert growth.patience_s == 0.05  # the usual chunk's time, whatever the quiet
 
 
 def test_growth_riding_along_a_request_takes_most_of_the_debounce(clock, policy):
@@ -327,7 +331,7 @@ def test_each_tick_takes_the_work_of_highest_priority(clock, policy):
         return gen()
 
     e = fake_engine(policy, slots=SimpleNamespace(slots=[object(), object()], free=lambda: []),
-                    flush=lambda: log.append("save"), growth=None, reduced=lambda path: False,
+                    flush=lambda: log.append("save"), growth=SimpleNamespace(patience_s=0.05), reduced=lambda path: False,
                     config=SimpleNamespace(grow_share=0.0, grow_window_ms=0, idle_chunk_ms=50,
                                            idle_chunk_tokens=64, max_tokens=8))
     scripts = {"a": ["prefill", "shown", "shown"], "b": ["prefill", "shown", "shown", "shown"], "c": ["shown"]}
