@@ -28,7 +28,6 @@ from .backends import Local, Replicas
 from .completion import Completion
 from .cpu import FreeCores
 from .decode import Decoder, Links
-from .steps import drive
 from .files import Files
 from .instant import Instant, Trail, model_key
 from .models import KIND_FRAGMENT, choose_layout, model_kind
@@ -39,6 +38,7 @@ from .run import RunOptions, Runner
 from .slots import SlotManager
 from .speed import PrefillSpeed, load_speed, save_speed, speed_path
 from .status import StatusReport
+from .steps import drive
 
 if TYPE_CHECKING:
     from ..backend import Pool
