@@ -141,6 +141,7 @@ class Handlers:
         info.update({"version": __version__, "socket": str(s.sock_path), "pid": os.getpid(),
                      "uptime_s": round(time.time() - s.started, 1),
                      "queued": self.worker.queued(), "idle_tasks": self.worker.idle_pending(),
+                     "idle_task": self.worker.scheduler.background.started(),
                      "served": self.worker.served, "errors": self.worker.errors,
                      "documents": self.engine.files.n_open(), "watching": s.watcher.roots() if s.watcher else [],
                      "accepted": dict(self.acceptance), "definitions": dict(self.definitions_seen),

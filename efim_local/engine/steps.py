@@ -29,7 +29,7 @@ class Steps:
     @property
     def jobs(self) -> list[str]:
         """The jobs in progress, outermost first (their functions' names)."""
-        return [g.gi_code.co_qualname for g in self.stack]
+        return [g.gi_code.co_qualname for g in tuple(self.stack)]  # (a copy: status reads it from its thread)
 
     def __iter__(self):
         return self

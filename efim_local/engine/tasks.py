@@ -113,6 +113,17 @@ class BackgroundQueue:
             if not task.for_request and (task.key is None or all(w.key != task.key for w in self.waiting)):
                 self.waiting.appendleft(task)
 
+    def started(self) -> dict | None:
+        """(Any thread.) The started task, for status: its key, its file, and its jobs in progress
+        (``steps.Steps.jobs``, outermost first; none between two of its runs); None when idle work rests."""
+        with self.lock:
+            task = self.current
+        if task is None:
+            return None
+        key = task.key[0] if isinstance(task.key, tuple) else task.key
+        jobs = task.steps.jobs if task.steps is not None else []
+        return {"task": None if key is None else str(key), "path": task.path, "jobs": jobs}
+
     def drop(self) -> None:
         """The started task is done (or failed)."""
         with self.lock:

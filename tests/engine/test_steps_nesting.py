@@ -1,7 +1,8 @@
 """Generators nest at most three deep anywhere (issue 40): at every ``llama_decode`` of a real
 daemon's work (a file opened, the cursor's prefill and its growth, keystrokes with their requests,
 the answers begun at them, growth riding along and idle), the engine thread's stack holds at most two
-generator frames (a job's and the decoder's: engine/steps.py), however deep the jobs go."""
+generator frames (a job's and the decoder's: engine/steps.py), however deep the jobs go; and the
+daemon's status shows the jobs idle time runs."""
 
 import inspect
 import sys
@@ -47,10 +48,12 @@ def test_generators_nest_at_most_two_deep_at_every_decode(tmp_path, tiny_model, 
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     text = sources()[3][:6000]
+    shown: list = []  # status's idle_task, as the polls saw it
     try:
         with Client(server.sock_path, timeout=120) as c:
             def idle() -> bool:
                 s = c.call("status")
+                shown.append(s["idle_task"])
                 return s["idle_tasks"] == 0 and s["queued"] == 0
 
             c.call("didOpen", {"path": "a.py", "text": text, "version": 1})
@@ -76,6 +79,10 @@ def test_generators_nest_at_most_two_deep_at_every_decode(tmp_path, tiny_model, 
     assert {"Growth.warm_steps", "Runner.planned_steps"} <= {jobs[0] for jobs in stacks if jobs}, stacks
     assert any("Growth.grow_steps" in jobs and "Growth.staged_steps" in jobs for jobs in stacks), stacks
     assert max(map(len, stacks)) >= 4, stacks  # jobs four deep and more ran as data, not as frames
+    # Status says what idle time does: the task started, its file, the jobs it runs now.
+    warms = [t for t in shown if t and t["task"] == "warm" and t["jobs"]]
+    assert warms and all(t["path"] == "a.py" and t["jobs"][0] == "Growth.warm_steps" for t in warms), shown
+    assert shown[-1] is None  # idle work rests
 
 
 def pos(text: str, at: int) -> dict:
