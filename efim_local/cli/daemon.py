@@ -194,7 +194,8 @@ def daemon_status(as_json):
         click.echo("engine time  " + engine_time_text(st["engine_time_s"]))
     if st.get("idle_task"):  # what idle time is doing: the task started and the jobs it runs
         t = st["idle_task"]
-        click.echo(f"idle work    {t['task']} {t['path'] or ''}: {' > '.join(t['jobs']) or 'between two runs'}")
+        where = f" {t['path']}" if t["path"] else ""
+        click.echo(f"idle work    {t['task']}{where}: {' > '.join(t['jobs']) or 'between two runs'}")
     for s in st["slots"]:
         state = f"{s['job']} ({s['phase']})" if s.get("job") else "idle"  # what runs in it as status asked
         path = (s["path"] if s["tokens"] else "") or "-"

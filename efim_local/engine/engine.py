@@ -356,9 +356,7 @@ class Engine:
 
     def ahead(self, path: str, should_stop=None, limit: int | None = None, typed: int | None = None) -> None:
         """Extend the greedy continuation of ``path``'s last answer (Trail.ahead_steps)."""
-        steps = self.trail.ahead_steps(path, should_stop, limit, typed)
-        if steps is not None:  # (None: nothing to extend)
-            drive(steps)
+        drive(self.trail.ahead_steps(path, should_stop, limit, typed))
 
     def calibrate(self, should_stop=None) -> None:
         """Measure the prefill speed and build the healer's index (Growth.calibrate_steps)."""

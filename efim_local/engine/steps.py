@@ -42,9 +42,16 @@ class Steps:
         return self._resume(None, exc)
 
     def close(self) -> None:
-        """Close every job in progress, innermost first."""
+        """Close every job in progress, innermost first (all of them, though one fails to close: then
+        the first failure is raised after)."""
+        failed = None
         while self.stack:
-            self.stack.pop().close()
+            try:
+                self.stack.pop().close()
+            except BaseException as e:  # noqa: BLE001 - the jobs outside it still close
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def _resume(self, value, exc: BaseException | None):
         while self.stack:
@@ -63,7 +70,7 @@ class Steps:
                 continue
             if isinstance(out, GeneratorType):  # a job it runs first: step by step, here
                 self.stack.append(out)
-                value = None
+                value, exc = None, None  # (an exception the job caught is past)
                 continue
             return out
         if exc is not None:

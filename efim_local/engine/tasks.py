@@ -118,11 +118,12 @@ class BackgroundQueue:
         (``steps.Steps.jobs``, outermost first; none between two of its runs); None when idle work rests."""
         with self.lock:
             task = self.current
+            steps = task.steps if task is not None else None
         if task is None:
             return None
         key = task.key[0] if isinstance(task.key, tuple) else task.key
-        jobs = task.steps.jobs if task.steps is not None else []
-        return {"task": None if key is None else str(key), "path": task.path, "jobs": jobs}
+        return {"task": "idle" if key is None else str(key), "path": task.path,
+                "jobs": steps.jobs if steps is not None else []}
 
     def drop(self) -> None:
         """The started task is done (or failed)."""

@@ -46,8 +46,9 @@ recording = False
 unhook = False  # set before the timing: every thread then drops the profile hook at its next call
 idle = False  # after the answer: only the nesting at each decode of the idle work that follows
 idle_nesting: list[int] = []
-first_seen: dict = {}  # (file, function) -> (order of its first call, thread name)
-replied_at: int | None = None  # that order at the reply's send (what follows it is after the answer)
+first_seen: dict = {}  # (file, function) -> order of its first call on the daemon's threads (not the client's)
+asking = False  # the completion request is sent (its reply is the next the daemon sends)
+replied_at: int | None = None  # that order at the completion's reply (what follows it is after the answer)
 REPEAT = 30
 calls: dict[str, set] = defaultdict(set)  # thread name -> {(file, function)}
 before_decode: set = set()
@@ -78,9 +79,10 @@ def profile(frame, event, arg):
         return
     name = threading.current_thread().name
     calls[name].add(key)
-    first_seen.setdefault(key, (len(first_seen), name))
-    if key == ("daemon/framing.py", "Connection.send") and replied_at is None:
-        replied_at = first_seen[key][0]
+    if name != "MainThread":
+        first_seen.setdefault(key, len(first_seen))
+        if key == ("daemon/framing.py", "Connection.send") and asking and replied_at is None:
+            replied_at = first_seen[key]
     if key == ("llama/context.py", "Context.decode"):
         decoded = True
         nesting.append(generators(frame.f_back))
@@ -117,6 +119,7 @@ with Client(tmp / "efim.sock", timeout=120) as c:
     if not recording:
         time.sleep(1.0)
         recording = True
+    asking = True
     out = c.call("complete", {"path": path, "position": {"line": end["line"], "character": 1}, "max_tokens": 16})
     recording, idle = False, True
     time.sleep(5.0)  # the idle work after the answer (its continuation, growth)
@@ -165,7 +168,7 @@ engine_thread = next((n for n in calls if "engine" in n.lower()), None)
 everything = set().union(*calls.values())
 # The daemon's side: its threads (not the client's, MainThread), from the request's bytes to the
 # reply's send; a comprehension, generator expression or lambda is a code object of its own.
-served = {k for k, (i, name) in first_seen.items() if name != "MainThread" and (replied_at is None or i <= replied_at)}
+served = {k for k, i in first_seen.items() if replied_at is None or i <= replied_at}
 inline = {k for k in served if k[1].rsplit(".", 1)[-1] in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>",
                                                           "<lambda>")}
 report = {
@@ -174,7 +177,7 @@ report = {
     "per_thread": {n: len(s) for n, s in calls.items()},
     "daemon_socket_to_reply": len(served), "of_them_comprehensions_and_lambdas": len(inline),
     "daemon_files_socket_to_reply": len({f for f, _ in served}),
-    "daemon_after_reply": sum(1 for k, (i, n) in first_seen.items() if n != "MainThread" and k not in served),
+    "daemon_after_reply": len(first_seen) - len(served),
     "engine_thread": engine_thread,
     "before_first_decode": len(before_decode), "files_before_first_decode": len({f for f, _ in before_decode}),
     "decodes": len(nesting), "max_generator_nesting": max(nesting, default=0),

@@ -90,6 +90,61 @@ def test_throw_reaches_the_innermost_job_first_and_close_closes_them_all_innermo
     assert steps.stack == []
 
 
+def test_a_job_that_caught_an_exception_goes_on_with_another_job():
+    """As with ``yield from``: what the job caught is past; the job it yields next runs."""
+    log = []
+
+    def child():
+        log.append("child ran")
+        yield "c"
+        return 7
+
+    def failing():
+        yield "f"
+        raise KeyError()
+
+    def job():
+        try:
+            yield "a"
+        except ValueError:
+            log.append("caught thrown")
+        first = yield child()
+        try:
+            yield failing()
+        except KeyError:
+            log.append("caught raised")
+        return first + (yield child())
+
+    steps = Steps(job())
+    assert next(steps) == "a"
+    assert steps.throw(ValueError()) == "c" and next(steps) == "f" and next(steps) == "c"
+    with pytest.raises(StopIteration) as done:
+        next(steps)
+    assert done.value.value == 14 and log == ["caught thrown", "child ran", "caught raised", "child ran"]
+
+
+def test_every_job_closes_though_one_fails_to():
+    closed = []
+
+    def inner():
+        try:
+            yield "i"
+        finally:
+            raise OSError("inner's finally")
+
+    def outer():
+        try:
+            yield inner()
+        finally:
+            closed.append("outer")
+
+    steps = Steps(outer())
+    next(steps)
+    with pytest.raises(OSError):
+        steps.close()
+    assert closed == ["outer"] and steps.stack == []
+
+
 def yield_froms(path: Path) -> list[str]:
     """``file:line`` of each ``yield from`` of ``path`` that delegates to anything but the decoder's steps."""
     out = []
