@@ -192,8 +192,10 @@ def daemon_status(as_json):
         click.echo("would help   " + st["context_help"])
     if st.get("engine_time_s"):  # where the engine's time went, by kind of work
         click.echo("engine time  " + engine_time_text(st["engine_time_s"]))
-    if st.get("idle_task"):  # what idle time is doing: the task started and the jobs it runs
-        t = st["idle_task"]
+    t = st.get("idle_task")  # what idle time is doing: the task started and the jobs it runs
+    if t is None:
+        click.echo("idle work    none")
+    else:
         where = f" {t['path']}" if t["path"] else ""
         click.echo(f"idle work    {t['task']}{where}: {' > '.join(t['jobs']) or 'between two runs'}")
     for s in st["slots"]:

@@ -134,6 +134,7 @@ def shape(line: str) -> str:
     line = re.sub(r"\buse [\d.]+ of \d+ cores\b", "use N of N cores", line)  # other processes' CPU
     line = re.sub(r"\b\d+(\.\d+)? ms\b", "N ms", line)  # latencies (daemon status)
     line = re.sub(r"^engine time\s.*", "engine time N", line)  # where the engine's time went (the moment's)
+    line = re.sub(r"^idle work\s.*", "idle work N", line)  # what idle time does (the moment's)
     # A used slot's tokens: the prompt and the answer's continuation, which idle work extends while
     # the answer is shown (type-through, accept), so how far depends on the moment.
     line = re.sub(r"^(slot \d+\s+)[1-9]\d* tokens", r"\1N tokens", line)

@@ -529,8 +529,7 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
     has it cached (answering as from the same plan computed cold); where none would fit in time,
     there is no near window."""
     text, path = DOCS[1], "near-slow.py"
-    pl = engine.planner
-    eighth = pl.space(engine.config.max_tokens) // 8
+    eighth = engine.planner.space(engine.config.max_tokens) // 8
     ms = engine.policy.near_max_ms / (eighth + eighth // 3) * 1.5  # an eighth: 7.5 s; a sixteenth: 3.8 s
     try:
         engine._near_sized_at = None
@@ -541,22 +540,23 @@ def test_a_slower_model_grows_a_smaller_near_plan_first(engine, reference):
             if engine._near_sized_at is not None:
                 engine._near_sized_at -= engine.policy.near_resize_s
             engine.size_near()
-            assert pl.near == share
+            assert engine.planner.near == share
         engine.speed = PrefillSpeed.fixed(MS_PER_TOKEN)
         engine.size_near()
-        assert pl.near == 16  # changed less than policy.near_resize_s ago: it does not grow back yet
+        assert engine.planner.near == 16  # changed less than policy.near_resize_s ago: it does not grow back yet
         engine.speed = PrefillSpeed.fixed(ms * 8)
         engine.size_near()
-        assert pl.near == 0  # but shrinks at once
+        assert engine.planner.near == 0  # but shrinks at once
         engine.speed, engine._near_sized_at = PrefillSpeed.fixed(ms), None
         engine.size_near()
-        assert pl.near == 16
+        assert engine.planner.near == 16
         engine.forget(path)
         cur = text.index("\n", 5200) + 1
         req = CompletionRequest(text, cur, path=path, layout="efim", max_prompt_ms=ms * 12, max_tokens=2)
         engine.complete(req)
         anchor = engine.session(path).anchor
-        assert pl.near == 16 and anchor.reduced and anchor.inner
+        assert engine.planner.near == 16 and anchor.reduced and anchor.inner
+        pl = engine.planner  # (sized: a copy with its near share)
         full = pl.full_anchor(anchor)
         near = engine.growth.near_plan(pl, path, full, anchor)
         assert near is not None and len(near.prefix_tokens) <= eighth // 2
