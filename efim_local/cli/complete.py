@@ -29,6 +29,9 @@ from . import build_config, config_mod, emit, main, model_options, request_optio
 def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start_daemon, verbose, **kw):
     """Complete the code at a cursor position in PATH.
 
+    One answer is awaited, so it uses the whole plan unless --max-prompt-ms is given (a daemon's
+    latency budget is for editors' keystrokes).
+
     \b
     Examples:
       efim complete app.py --line 3 --column 5
@@ -42,6 +45,9 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
     cursor = offset_of(text, line - 1, column - 1)
     req = CompletionRequest(text=text, cursor=cursor, path=str(Path(path).resolve()),  # (--stdin: the same key)
                             **{k: v for k, v in kw.items() if k in req_names and v is not None})
+    if req.how.max_prompt_ms is None:  # one answer is awaited, and no keystroke follows: the whole plan, by
+        # the daemon too (its budget is for editors: a cold file's answer from 1% of it was often wrong)
+        req = CompletionRequest.of(req.where, replace(req.how, max_prompt_ms=0.0))
     # Model options other than the layout describe another engine than the daemon's.
     own = [k for k, v in model_kw.items() if k != "layout" and v is not None]
     forced = "--no-daemon" if no_daemon else "--no-cache" if no_cache else \
@@ -69,8 +75,6 @@ def complete(path, line, column, from_stdin, as_json, no_cache, no_daemon, start
     cfg = build_config(**model_kw)
     if no_cache:
         cfg = cfg.with_overrides(store=False)
-    if req.how.max_prompt_ms is None:  # one answer is awaited, and no keystroke follows: the whole plan
-        req = CompletionRequest.of(req.where, replace(req.how, max_prompt_ms=0.0))
     with open_engine(cfg) as engine:
         out = engine.complete(req).to_json()
         if verbose:

@@ -40,7 +40,8 @@ def test_verbose_says_the_path_and_the_context(src, tiny_model):
 
 
 def test_one_shot_uses_the_whole_plan_unless_a_budget_is_given(tmp_path, tiny_model):
-    """In-process, one answer is awaited: no latency budget cuts its context unless one is asked for."""
+    """One answer is awaited: no latency budget cuts its context unless one is asked for, in-process or
+    by a daemon whose budget (for editors) would."""
     big = tmp_path / "big.py"
     big.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400)))
     args = ["complete", str(big), "-l", "601", "-c", "5", "--model", str(tiny_model), "--max-tokens", "2", "--no-cache",
@@ -51,6 +52,17 @@ def test_one_shot_uses_the_whole_plan_unless_a_budget_is_given(tmp_path, tiny_mo
     assert whole["full_tokens"] > 3000 and whole["share"] == 1.0 and not whole["reduced"]
     r = efim_cli(*args[:-1], "--max-prompt-ms", "1", "-v")
     assert r.returncode == 0 and "reduced by the latency budget" in r.stderr.decode()
+    d = Daemon(tmp_path / "d", tiny_model, budget_ms=1).start()
+    try:
+        env = {"EFIM_SOCKET": str(d.sock)}
+        via = ["complete", str(big), "-l", "601", "-c", "5", "--max-tokens", "2", "--json"]
+        out = json.loads(efim_cli(*via, env=env).stdout)
+        assert out["via"] == "daemon" and out["context"]["share"] == 1.0 and not out["context"]["reduced"]
+        via[3] = "301"  # (another window: not the slot's plan)
+        out = json.loads(efim_cli(*via, "--max-prompt-ms", "1", env=env).stdout)
+        assert out["via"] == "daemon" and out["context"]["reduced"], out["context"]
+    finally:
+        d.stop()
 
 
 def test_an_empty_answer_says_so(src, tiny_model):
