@@ -538,3 +538,34 @@ class Relay:
             except OSError:
                 pass
             s.close()
+
+
+def budgeted_engine(model: Path):
+    """An engine whose latency budget binds (a fixed, slow learned speed): plans are reduced, and
+    growth runs while idle."""
+    from efim_local.engine import Engine
+    from efim_local.engine.speed import PrefillSpeed
+
+    engine = Engine(small_config(n_ctx_seq=2048, max_prompt_ms=40.0, grow_share=0.5), model)
+    engine.speed = PrefillSpeed.fixed(0.5)
+    return engine
+
+
+@contextlib.contextmanager
+def in_process_daemon(sock: Path, engine):
+    """``engine`` served on ``sock`` by a daemon's server in this process; yields the server, then
+    stops it and closes the engine."""
+    from efim_local.daemon.server import Server
+
+    server = Server(sock, watch=False)
+    server.bind()
+    server.attach(engine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        thread.join(120)
+        engine.close()
+    assert not thread.is_alive()

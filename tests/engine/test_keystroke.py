@@ -4,18 +4,16 @@ the file's last request; the request that comes after the editor's debounce take
 "keystroke", nothing evaluated, its first tokens already generated) and equals the same plan computed
 cold (hypothesis, on the batch-invariant f32 tiny model)."""
 
-import threading
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from efim_local.daemon.client import Client
-from efim_local.daemon.server import Server
 from efim_local.engine import Engine
 from efim_local.request import Options
 
-from tests.helpers import small_config, sources, wait_until
+from tests.helpers import in_process_daemon, small_config, sources, wait_until
 
 CFG = dict(n_ctx_seq=2048, max_tokens=12, heal=True)
 
@@ -23,17 +21,8 @@ CFG = dict(n_ctx_seq=2048, max_tokens=12, heal=True)
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
     engine = Engine(small_config(**CFG), tiny_model)
-    server = Server(tmp_path_factory.mktemp("keystroke") / "efim.sock", watch=False)
-    server.bind()
-    server.attach(engine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with in_process_daemon(tmp_path_factory.mktemp("keystroke") / "efim.sock", engine) as server:
         yield server
-    finally:
-        server.stop()
-        thread.join(120)
-        engine.close()
 
 
 @pytest.fixture(scope="module")

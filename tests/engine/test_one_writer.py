@@ -9,13 +9,10 @@ from collections import defaultdict
 import pytest
 
 from efim_local.daemon.client import Client
-from efim_local.daemon.server import Server
-from efim_local.engine import Engine
 from efim_local.engine.files import FileState
-from efim_local.engine.speed import PrefillSpeed
 from efim_local.prompt.plans import FileSession
 
-from tests.helpers import small_config, sources, wait_until
+from tests.helpers import budgeted_engine, in_process_daemon, sources, wait_until
 
 DOCUMENT = {"text", "version", "open", "edited", "caret"}
 
@@ -55,21 +52,8 @@ class Writers:
 @pytest.fixture
 def served(tmp_path, tiny_model, monkeypatch):
     writers = Writers(monkeypatch, FileState, FileSession)
-    # A latency budget that binds (a fixed, slow speed): plans are reduced and growth runs while idle.
-    engine = Engine(small_config(n_ctx_seq=2048, max_prompt_ms=40.0, grow_share=0.5), tiny_model)
-    engine.speed = PrefillSpeed.fixed(0.5)
-    server = Server(tmp_path / "efim.sock", watch=False)
-    server.bind()
-    server.attach(engine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with in_process_daemon(tmp_path / "efim.sock", budgeted_engine(tiny_model)) as server:
         yield server, writers
-    finally:
-        server.stop()
-        thread.join(120)
-        engine.close()
-    assert not thread.is_alive()
 
 
 def idle(c: Client) -> bool:

@@ -6,16 +6,12 @@ daemon's status shows the jobs idle time runs."""
 
 import inspect
 import sys
-import threading
 
 from efim_local.daemon.client import Client
-from efim_local.daemon.server import Server
-from efim_local.engine import Engine
-from efim_local.engine.speed import PrefillSpeed
 from efim_local.engine.steps import Steps
 from efim_local.llama.context import Context
 
-from tests.helpers import small_config, sources, wait_until
+from tests.helpers import budgeted_engine, in_process_daemon, sources, wait_until
 
 
 def at_decode(frame) -> tuple[int, tuple[str, ...]]:
@@ -39,17 +35,9 @@ def test_generators_nest_at_most_two_deep_at_every_decode(tmp_path, tiny_model, 
         return plain(self, *a, **kw)
 
     monkeypatch.setattr(Context, "decode", decode)
-    # A latency budget that binds (a fixed, slow speed): plans are reduced, and growth runs.
-    engine = Engine(small_config(n_ctx_seq=2048, max_prompt_ms=40.0, grow_share=0.5), tiny_model)
-    engine.speed = PrefillSpeed.fixed(0.5)
-    server = Server(tmp_path / "efim.sock", watch=False)
-    server.bind()
-    server.attach(engine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     text = sources()[3][:6000]
     shown: list = []  # status's idle_task, as the polls saw it
-    try:
+    with in_process_daemon(tmp_path / "efim.sock", budgeted_engine(tiny_model)) as server:  # plans reduced, growth runs
         with Client(server.sock_path, timeout=120) as c:
             def idle() -> bool:
                 s = c.call("status")
@@ -68,10 +56,6 @@ def test_generators_nest_at_most_two_deep_at_every_decode(tmp_path, tiny_model, 
                 text, at = text[:at] + ch + text[at:], at + 1
                 assert "text" in c.call("complete", {"path": "a.py", "offset": at, "version": version})
             wait_until(idle, 120, "growth after typing")
-    finally:
-        server.stop()
-        thread.join(120)
-        engine.close()
 
     assert seen and max(d for d, _ in seen) <= 2, sorted({s for s in seen if s[0] > 2})
     stacks = {jobs for _, jobs in seen}
